@@ -1,0 +1,47 @@
+# One list of warnings and sanitizer flags, applied per target with
+# farmem_target_defaults(<target>).
+
+set(FARMEM_WARNINGS
+    -Wall -Wextra -Wshadow=local -Wnon-virtual-dtor -Wcast-align -Wunused
+    -Woverloaded-virtual -Wnull-dereference -Wdouble-promotion -Wformat=2
+    -Wimplicit-fallthrough -Wmissing-declarations)
+if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+  list(APPEND FARMEM_WARNINGS -Wthread-safety)
+endif()
+if(FARMEM_ENABLE_WERROR)
+  list(APPEND FARMEM_WARNINGS -Werror)
+endif()
+
+set(FARMEM_SANITIZE "")
+if(FARMEM_ENABLE_ASAN)
+  list(APPEND FARMEM_SANITIZE address)
+endif()
+if(FARMEM_ENABLE_UBSAN)
+  list(APPEND FARMEM_SANITIZE undefined)
+endif()
+if(FARMEM_ENABLE_TSAN)
+  if(FARMEM_ENABLE_ASAN)
+    message(FATAL_ERROR "FARMEM_ENABLE_TSAN cannot be combined with FARMEM_ENABLE_ASAN")
+  endif()
+  list(APPEND FARMEM_SANITIZE thread)
+endif()
+if(FARMEM_SANITIZE)
+  list(JOIN FARMEM_SANITIZE "," _farmem_san)
+  # Sanitizers apply to the whole build so that every object agrees.
+  add_compile_options(-fsanitize=${_farmem_san} -fno-omit-frame-pointer
+                      -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=${_farmem_san})
+endif()
+
+function(farmem_target_defaults target)
+  get_target_property(_type ${target} TYPE)
+  if(_type STREQUAL "INTERFACE_LIBRARY")
+    return()
+  endif()
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:${FARMEM_WARNINGS}>
+    $<$<COMPILE_LANGUAGE:C>:-Wall -Wextra $<$<BOOL:${FARMEM_ENABLE_WERROR}>:-Werror>>)
+  target_include_directories(${target} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>)
+endfunction()

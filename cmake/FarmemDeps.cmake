@@ -1,0 +1,19 @@
+# Every outside dependency, each from a Debian package that
+# tools/install-deps.sh installs.
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+# HMAC-SHA256 and the RNG for the challenge-response handshake (libssl-dev).
+pkg_check_modules(FARMEM_CRYPTO REQUIRED IMPORTED_TARGET libcrypto)
+# Verbs transport (libibverbs-dev, librdmacm-dev).
+pkg_check_modules(FARMEM_IBVERBS IMPORTED_TARGET libibverbs)
+pkg_check_modules(FARMEM_RDMACM IMPORTED_TARGET librdmacm)
+# Far-memory allocator (libjemalloc-dev).
+pkg_check_modules(FARMEM_JEMALLOC IMPORTED_TARGET jemalloc)
+# RCU for read-mostly tables (liburcu-dev).
+pkg_check_modules(FARMEM_URCU IMPORTED_TARGET liburcu)
+if(FARMEM_ENABLE_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+if(FARMEM_ENABLE_BENCH)
+  find_package(benchmark REQUIRED)
+endif()
