@@ -2,11 +2,14 @@
 # farmem_target_defaults(<target>).
 
 set(FARMEM_WARNINGS
-    -Wall -Wextra -Wshadow=local -Wnon-virtual-dtor -Wcast-align -Wunused
+    -Wall -Wextra -Wnon-virtual-dtor -Wcast-align -Wunused
     -Woverloaded-virtual -Wnull-dereference -Wdouble-promotion -Wformat=2
     -Wimplicit-fallthrough -Wmissing-declarations)
 if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
-  list(APPEND FARMEM_WARNINGS -Wthread-safety)
+  # clang spells gcc's -Wshadow=local this way (the fuzz build uses clang).
+  list(APPEND FARMEM_WARNINGS -Wshadow-uncaptured-local -Wthread-safety)
+else()
+  list(APPEND FARMEM_WARNINGS -Wshadow=local)
 endif()
 if(FARMEM_ENABLE_WERROR)
   list(APPEND FARMEM_WARNINGS -Werror)

@@ -6,13 +6,13 @@
 //
 //   farmem::LoopbackDonor donor(64 << 20, 1 << 20);
 //   farmem::LoopbackTransport t;
-//   t.add_server(0, &donor);
+//   if (!t.add_server(0, &donor).ok()) ...;
 //   auto lease = donor.lease(1 << 20);            // control path
-//   t.add_slab(0, lease->front());
-//   char* buf = ...; t.register_buffer(buf, 8192);
+//   (void)t.add_slab(0, lease->front());
+//   char* buf = ...; (void)t.register_buffer(buf, 8192);
 //   auto q = *t.open_queue();                      // one per thread
 //   farmem::IoOp op{farmem::IoKind::kWrite, 4096, {0, lease->front().slab, 0}, buf, 42};
-//   q->post({&op, 1});
+//   (void)q->post({&op, 1});
 //   farmem::IoCompletion c[8];
 //   size_t n = q->wait(c, 1000);                   // c[0].cookie == 42
 //

@@ -1,0 +1,135 @@
+#include "allocator/far_heap.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "allocator/je.h"
+#include "allocator/local_scope.h"
+#include "runtime/log.h"
+
+// Options of the private jemalloc copy (a strong definition overrides the
+// archive's weak one). Nothing uses its automatic arenas but its own
+// bookkeeping: one is enough; thread caches are bypassed (far_heap.h).
+extern "C" {
+extern const char* farmem_je_malloc_conf;
+const char* farmem_je_malloc_conf = "narenas:1,tcache:false,background_thread:false";
+}
+
+namespace farmem {
+
+FarHeap::FarHeap(FarBacking* b, const FarHeapOptions& o)
+    : backing_(b),
+      opts_(o),
+      base_(reinterpret_cast<uintptr_t>(b->base())),
+      size_(b->size()) {}
+
+Result<std::unique_ptr<FarHeap>> FarHeap::create(FarBacking* backing, const FarHeapOptions& o) {
+  LocalScope local;
+  if (!backing || !backing->base() || backing->size() == 0) {
+    return make_error(Errc::kInvalidArgument, "FarHeap::create: a non-empty pager region is needed");
+  }
+  std::unique_ptr<FarHeap> h(new FarHeap(backing, o));
+  FARMEM_RETURN_IF_ERROR(h->init());
+  return h;
+}
+
+Status FarHeap::init() {
+  space_ = std::make_unique<ExtentSpace>(backing_, opts_.free_list_capacity);
+  JeArenaConfig cfg{space_->hooks(), /*metadata_use_hooks=*/false};
+  size_t sz = sizeof(arena_);
+  int err = farmem_je_mallctl("experimental.arenas_create_ext", &arena_, &sz, &cfg, sizeof cfg);
+  if (err != 0) {
+    return make_error(Errc::kInternal,
+                      "jemalloc: creating the far arena (experimental.arenas_create_ext) failed: "
+                      "%s; this build needs jemalloc 5.3",
+                      strerror(err));
+  }
+  have_arena_ = true;
+  flags_ = MALLOCX_ARENA(arena_) | MALLOCX_TCACHE_NONE;
+  char name[64];
+  ssize_t decay = opts_.dirty_decay_ms;
+  snprintf(name, sizeof name, "arena.%u.dirty_decay_ms", arena_);
+  err = farmem_je_mallctl(name, nullptr, nullptr, &decay, sizeof decay);
+  if (err != 0) {
+    return make_error(Errc::kInvalidArgument, "jemalloc: %s = %zd refused: %s", name, decay,
+                      strerror(err));
+  }
+  ssize_t muzzy = 0;  // purge_lazy drops pages anyway: no second stage
+  snprintf(name, sizeof name, "arena.%u.muzzy_decay_ms", arena_);
+  (void)farmem_je_mallctl(name, nullptr, nullptr, &muzzy, sizeof muzzy);
+  return ok_status();
+}
+
+FarHeap::~FarHeap() {
+  if (!have_arena_) return;
+  LocalScope local;
+  char name[64];
+  snprintf(name, sizeof name, "arena.%u.destroy", arena_);
+  int err = farmem_je_mallctl(name, nullptr, nullptr, nullptr, 0);
+  if (err != 0) FARMEM_LOG(kWarn, "jemalloc: %s failed: %s", name, strerror(err));
+}
+
+void* FarHeap::alloc(size_t size) noexcept {
+  return farmem_je_mallocx(size == 0 ? 1 : size, flags_);
+}
+
+void* FarHeap::alloc_zeroed(size_t size) noexcept {
+  return farmem_je_mallocx(size == 0 ? 1 : size, flags_ | MALLOCX_ZERO);
+}
+
+void* FarHeap::alloc_aligned(size_t alignment, size_t size, bool zero) noexcept {
+  return farmem_je_mallocx(size == 0 ? 1 : size,
+                           flags_ | MALLOCX_ALIGN(alignment) | (zero ? MALLOCX_ZERO : 0));
+}
+
+void* FarHeap::realloc(void* ptr, size_t size) noexcept {
+  return farmem_je_rallocx(ptr, size == 0 ? 1 : size, flags_);
+}
+
+void FarHeap::free(void* ptr) noexcept {
+  farmem_je_dallocx(ptr, MALLOCX_TCACHE_NONE);
+}
+
+size_t FarHeap::usable_size(const void* ptr) const noexcept {
+  return farmem_je_sallocx(ptr, 0);
+}
+
+void FarHeap::purge() noexcept {
+  LocalScope local;
+  char name[64];
+  snprintf(name, sizeof name, "arena.%u.purge", arena_);
+  (void)farmem_je_mallctl(name, nullptr, nullptr, nullptr, 0);
+}
+
+FarHeap::Stats FarHeap::stats() const {
+  LocalScope local;
+  Stats s;
+  uint64_t epoch = 1;
+  size_t sz = sizeof epoch;
+  (void)farmem_je_mallctl("epoch", &epoch, &sz, &epoch, sz);
+  auto get = [&](const char* leaf) -> uint64_t {
+    char name[96];
+    snprintf(name, sizeof name, "stats.arenas.%u.%s", arena_, leaf);
+    size_t v = 0;
+    size_t len = sizeof v;
+    if (farmem_je_mallctl(name, &v, &len, nullptr, 0) != 0) return 0;
+    return v;
+  };
+  auto get64 = [&](const char* leaf) -> uint64_t {
+    char name[96];
+    snprintf(name, sizeof name, "stats.arenas.%u.%s", arena_, leaf);
+    uint64_t v = 0;
+    size_t len = sizeof v;
+    if (farmem_je_mallctl(name, &v, &len, nullptr, 0) != 0) return 0;
+    return v;
+  };
+  s.allocated = get("small.allocated") + get("large.allocated");
+  s.active = get("pactive") * 4096;
+  s.dirty = get("pdirty") * 4096;
+  s.nmalloc = get64("small.nmalloc") + get64("large.nmalloc");
+  s.ndalloc = get64("small.ndalloc") + get64("large.ndalloc");
+  return s;
+}
+
+}  // namespace farmem

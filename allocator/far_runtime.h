@@ -1,0 +1,56 @@
+// FarRuntime: the far-memory stack of one process, assembled in order and
+// torn down in reverse.
+//
+//   farmem::FarOptions o;                       // or options_from_env()
+//   o.transport = farmem::FarTransport::kLoopback;
+//   o.pager.local_budget = 64 << 20;
+//   auto rt = farmem::FarRuntime::start(o);     // Result<unique_ptr<FarRuntime>>
+//   void* p = (*rt)->heap().alloc(1 << 20);
+//
+// Start-up table (tear-down is the same table bottom-up; the members are
+// declared in this order, so destruction follows it):
+//
+//   step            tcp                          loopback
+//   ------------    ---------------------------  ---------------------------
+//   1 donors        DonorSession per server      LoopbackDonor (in-process)
+//   2 transport     TcpTransport + add_server    LoopbackTransport
+//   3 slab source   DonorSessionSlabSource(s)    LoopbackSlabSource
+//   4 pager         Pager<TcpTransport>          Pager<LoopbackTransport>
+//   5 far heap      PagerBacking + FarHeap (jemalloc arena + extent hooks)
+//
+// The pager type is chosen here, at start-up; inside it everything is
+// static dispatch. Everything start() allocates is local memory (it runs
+// in a LocalScope), including the pager's threads (invariant 3).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "allocator/far_backing.h"
+#include "allocator/far_heap.h"
+#include "allocator/options.h"
+#include "runtime/status.h"
+
+namespace farmem {
+
+class FarRuntime {
+ public:
+  // kUnavailable when no donor can be reached (the message names each one
+  // and why), kUnauthenticated for a bad token, kInvalidArgument for bad
+  // options, or the pager's error (e.g. userfaultfd not permitted).
+  static Result<std::unique_ptr<FarRuntime>> start(const FarOptions& o);
+  virtual ~FarRuntime() = default;
+
+  virtual FarHeap& heap() = 0;
+  virtual FarBacking& backing() = 0;
+  const FarOptions& options() const { return opts_; }
+  // "tcp: 127.0.0.1:7400 (1.0 GiB); region 1.0 GiB at 0x7f..., budget 64.0 MiB"
+  const std::string& describe() const { return describe_; }
+
+ protected:
+  explicit FarRuntime(const FarOptions& o) : opts_(o) {}
+  FarOptions opts_;
+  std::string describe_;
+};
+
+}  // namespace farmem

@@ -1,0 +1,54 @@
+// Configuration of the far-memory runtime: one struct (the C API fills it
+// from fm_config) and one table of environment variables (the preload
+// library and fm_init(NULL) read it). Every variable has a default that
+// works on one machine; a bad value is an error naming the variable.
+//
+//   auto o = farmem::options_from_env();        // Result<FarOptions>
+//   if (!o.ok()) { fprintf(stderr, "%s\n", o.status().to_string().c_str()); exit(1); }
+//   auto rt = farmem::FarRuntime::start(*o);
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pager/config.h"
+#include "runtime/parse.h"
+#include "runtime/status.h"
+
+namespace farmem {
+
+enum class FarTransport { kTcp, kLoopback };
+enum class NoDonorPolicy { kFail, kLocal };
+
+struct FarOptions {
+  FarTransport transport = FarTransport::kTcp;
+  std::vector<Endpoint> servers;  // tcp: the donors (FARMEM_SERVERS)
+  std::string token_file;         // empty: no token (only --insecure donors accept)
+  uint64_t loopback_capacity = 1ull << 30;  // loopback: the in-process donor's size
+  uint64_t region_size = 0;  // 0: the donors' capacity (sum) / loopback_capacity
+  PagerConfig pager;         // local budget, block size, handler threads, prefetch
+  int64_t decay_ms = 1000;   // freed far pages are dropped after this long
+  int connect_timeout_ms = 3000;
+  // Preload library only.
+  uint64_t min_far = 16 << 10;  // smaller allocations stay local
+  bool stats = false;           // summary on stderr at exit
+  NoDonorPolicy on_no_donor = NoDonorPolicy::kFail;
+};
+
+struct EnvVar {
+  const char* name;
+  const char* def;
+  const char* doc;
+};
+// The table, in README order.
+std::span<const EnvVar> env_table();
+
+// Defaults overridden by the FARMEM_* variables that are set.
+Result<FarOptions> options_from_env();
+
+// Markdown table of env_table() for the README.
+std::string env_table_markdown();
+
+}  // namespace farmem

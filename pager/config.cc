@@ -1,0 +1,94 @@
+#include "pager/config.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "runtime/parse.h"
+
+namespace farmem {
+
+uint32_t default_handler_threads() {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  if (n < 2) return 1;
+  return static_cast<uint32_t>(n / 2 > 8 ? 8 : n / 2);
+}
+
+Result<uint64_t> parse_local_mem(std::string_view text) {
+  return parse_size_or_percent(text, "FARMEM_LOCAL_MEM", physical_ram_bytes());
+}
+
+Status PagerConfig::validate() const {
+  if (block_size < 4096 || block_size > (2u << 20) || (block_size & (block_size - 1)) != 0) {
+    return make_error(Errc::kInvalidArgument,
+                      "block size %u: must be a power of two from 4096 (4K) to 2097152 (2M)",
+                      block_size);
+  }
+  if (region_size == 0 || region_size % block_size != 0) {
+    return make_error(Errc::kInvalidArgument,
+                      "region size %llu: must be a non-zero multiple of the block size %u",
+                      static_cast<unsigned long long>(region_size), block_size);
+  }
+  uint64_t blocks = local_budget / block_size;
+  if (blocks < 32) {
+    return make_error(Errc::kInvalidArgument,
+                      "local budget %llu bytes is %llu blocks of %u bytes; the pager needs at "
+                      "least 32 blocks: raise FARMEM_LOCAL_MEM or lower the block size",
+                      static_cast<unsigned long long>(local_budget),
+                      static_cast<unsigned long long>(blocks), block_size);
+  }
+  if (!(low_watermark > 0.0 && low_watermark < high_watermark && high_watermark <= 1.0)) {
+    return make_error(Errc::kInvalidArgument,
+                      "watermarks low=%.3f high=%.3f: need 0 < low < high <= 1", low_watermark,
+                      high_watermark);
+  }
+  if (!(victim_fraction >= 0.0 && victim_fraction <= 0.75)) {
+    return make_error(Errc::kInvalidArgument, "victim fraction %.3f: must be in [0, 0.75]",
+                      victim_fraction);
+  }
+  if (handler_threads > 64) {
+    return make_error(Errc::kInvalidArgument, "handler threads %u: at most 64", handler_threads);
+  }
+  if (writeback_batch == 0 || writeback_batch > 256) {
+    return make_error(Errc::kInvalidArgument, "write-back batch %u: must be 1..256",
+                      writeback_batch);
+  }
+  if (prefetch_max_window > 256) {
+    return make_error(Errc::kInvalidArgument, "prefetch window %u: at most 256 blocks",
+                      prefetch_max_window);
+  }
+  if (staging_blocks > 256) {
+    return make_error(Errc::kInvalidArgument, "staging blocks %u: at most 256", staging_blocks);
+  }
+  return ok_status();
+}
+
+Result<PagerConfig> PagerConfig::from_env(PagerConfig c) {
+  if (const char* v = getenv("FARMEM_LOCAL_MEM")) {
+    auto r = parse_local_mem(v);
+    if (!r.ok()) return r.status();
+    c.local_budget = *r;
+  }
+  if (const char* v = getenv("FARMEM_PAGER_THREADS")) {
+    auto r = parse_uint(v, "FARMEM_PAGER_THREADS", 1, 64);
+    if (!r.ok()) return r.status();
+    c.handler_threads = static_cast<uint32_t>(*r);
+  }
+  if (const char* v = getenv("FARMEM_BLOCK_SIZE")) {
+    auto r = parse_size(v, "FARMEM_BLOCK_SIZE");
+    if (!r.ok()) return r.status();
+    if (*r > (2u << 20)) {
+      return make_error(Errc::kInvalidArgument, "FARMEM_BLOCK_SIZE=%s: at most 2M", v);
+    }
+    c.block_size = static_cast<uint32_t>(*r);
+  }
+  if (const char* v = getenv("FARMEM_PREFETCH")) {
+    auto r = parse_uint(v, "FARMEM_PREFETCH", 0, 1);
+    if (!r.ok()) return r.status();
+    c.prefetch = *r == 1;
+  }
+  FARMEM_RETURN_IF_ERROR(c.validate());
+  return c;
+}
+
+}  // namespace farmem

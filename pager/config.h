@@ -1,0 +1,64 @@
+// Pager configuration: one struct, defaults that work on one machine, and
+// one validation that turns a bad value into a clear start-up error.
+//
+//   farmem::PagerConfig c;
+//   c.region_size = 8ull << 30;                        // remote capacity
+//   auto env = farmem::PagerConfig::from_env(c);       // FARMEM_LOCAL_MEM, ...
+//   if (!env.ok()) fatal("%s", env.status().to_string().c_str());
+//   FARMEM_RETURN_IF_ERROR(env->validate());
+//
+// Environment (read by from_env, used by the preload library):
+//   FARMEM_LOCAL_MEM       local budget: bytes ("2G") or percent of RAM ("25%")
+//   FARMEM_PAGER_THREADS   fault handler threads (1..64)
+//   FARMEM_BLOCK_SIZE      fetch granularity (4K .. 2M, a power of two)
+//   FARMEM_PREFETCH        0 / 1
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "runtime/status.h"
+
+namespace farmem {
+
+struct PagerConfig {
+  // Virtual bytes reserved: sized by the remote capacity, not by local memory.
+  uint64_t region_size = 1ull << 30;
+  // Local budget: far pages resident in this process (mapped blocks plus
+  // occupied victim-cache slots) never exceed it (invariant 5).
+  uint64_t local_budget = 256ull << 20;
+  // Fault handler threads; 0 = default_handler_threads().
+  uint32_t handler_threads = 0;
+  // Fetch granularity: a power of two from 4 KiB to 2 MiB.
+  uint32_t block_size = 4096;
+  // Background eviction starts when resident > high * budget and stops at
+  // low * budget; faults wait for it only when resident reaches the budget.
+  double high_watermark = 0.97;
+  double low_watermark = 0.92;
+  // Share of the budget kept as the victim cache: evicted blocks stay local
+  // in a slot, unmapped, and a fault on one maps it back (second chance,
+  // no I/O). 0 gives plain FIFO.
+  double victim_fraction = 0.25;
+  // Dirty blocks written back per batch of WRITEs.
+  uint32_t writeback_batch = 32;
+  // Stream / trend prefetch into the victim cache.
+  bool prefetch = true;
+  uint32_t prefetch_max_window = 32;  // blocks per fault, at most
+  // Per-handler staging blocks for demand fetches; 0 = auto (256 KiB worth,
+  // 2 .. 64 blocks).
+  uint32_t staging_blocks = 0;
+
+  Status validate() const;
+  // Overrides fields from FARMEM_* variables; a bad value is an error that
+  // names the variable.
+  static Result<PagerConfig> from_env(PagerConfig base);
+};
+
+// min(max(cores / 2, 1), 8): a fault costs one hand-off (kernel -> handler),
+// more threads than cores only add contention.
+uint32_t default_handler_threads();
+
+// FARMEM_LOCAL_MEM syntax: "2G", "512M", "25%" (of physical RAM).
+Result<uint64_t> parse_local_mem(std::string_view text);
+
+}  // namespace farmem

@@ -1,0 +1,177 @@
+// Per-block metadata of a pager region: the block state machine, its
+// checked transitions and the intrusive replacement lists.
+//
+//   PageTable pt;
+//   FARMEM_RETURN_IF_ERROR(pt.init(n_blocks));
+//   uint32_t w = pt.load(b);
+//   if (PageTable::state_of(w) == PageState::kRemote &&
+//       pt.try_transition(b, w, PageTable::with_state(w, PageState::kFetching))) { ... }
+//
+// A block is the fetch unit (4 KiB .. 2 MiB). Metadata is 16 bytes per block,
+// i.e. 16 bytes per 4 KiB page at the default block size and less for bigger
+// blocks:
+//
+//   byte 0        4          8          12         16
+//        +--------+----------+----------+----------+
+//        | word   | remote   | prev     | next     |
+//        +--------+----------+----------+----------+
+//   word (atomic u32):  bits 0-3 state | 4 dirty | 5 prefetched | 6-7 spare |
+//                       bits 8-31 local slot index (kVictim, kPromoting,
+//                       kWriting, kFetching into a slot)
+//   remote: remote unit + 1 (block-sized units, see RemoteMap); 0 when the
+//           block has never been written back (so an all-zero table is valid)
+//   prev/next: links of the list the block is on (active or victim), guarded
+//           by the pager's list lock
+//
+// State machine. Stable states are at rest; a transient state is owned by
+// exactly one thread (the one whose CAS entered it), and only the owner
+// leaves it. Every change of the page's mapping, its protection or its list
+// membership happens while its owner holds it in a transient state; a fault
+// that finds a transient state owned by another thread waits (the faulting
+// thread stays blocked in the kernel, the event is retried).
+//
+//   from \ to   | Empty Remote Present Victim | Fetching Protecting Demoting Promoting Writing
+//   Discarding
+//   ------------+-----------------------------+----------------------------------------------------------
+//   Empty       |                             |    Z                                              D
+//   Remote      |                             |    F,P                                            D
+//   Present     |                             |              W          E                         D
+//   Victim      |   c     c                   |                                   H        E      D
+//   Fetching    |         x      ok    ok(P)  |
+//   Protecting  |                ok           |
+//   Demoting    |                ok    ok     |
+//   Promoting   |                ok           |
+//   Writing     |         ok           ok(x)  |
+//   Discarding  |   ok                        |
+//
+//   Z  zero fill on a fault (handler)        F  demand fetch (handler)
+//   P  prefetch into a slot (handler)        W  write fault: make writable + dirty
+//   E  evictor: demote a resident block into a victim slot / write a dirty
+//      victim back                          H  fault on a victim: hit, map it
+//   c  evictor drops a clean victim (Remote when a remote copy exists, else
+//      Empty: a never-written block reads as zeros again)
+//   x  failed I/O: a failed prefetch returns to Remote; a failed WRITE keeps
+//      the data in its slot (Victim, still dirty)
+//   D  discard (allocator purge): the block reads as zeros again
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/log.h"
+#include "runtime/status.h"
+
+namespace farmem {
+
+enum class PageState : uint8_t {
+  kEmpty = 0,
+  kRemote = 1,
+  kPresent = 2,
+  kVictim = 3,
+  kFetching = 4,
+  kProtecting = 5,
+  kDemoting = 6,
+  kPromoting = 7,
+  kWriting = 8,
+  kDiscarding = 9,
+};
+inline constexpr int kNumPageStates = 10;
+
+const char* page_state_name(PageState s) noexcept;
+inline constexpr bool is_transient(PageState s) {
+  return static_cast<uint8_t>(s) >= static_cast<uint8_t>(PageState::kFetching);
+}
+// The table above as data; FARMEM_BUG_ON when a transition is not in it.
+bool page_transition_allowed(PageState from, PageState to) noexcept;
+
+inline constexpr uint32_t kNoRemote = UINT32_MAX;  // "no unit" as returned by allocators
+inline constexpr uint32_t kNil = UINT32_MAX;
+inline constexpr uint32_t kNoSlot = (1u << 24) - 1;
+inline constexpr uint32_t kMaxSlots = kNoSlot;  // slot indices 0 .. kMaxSlots-1
+
+struct BlockMeta {
+  std::atomic<uint32_t> word{0};
+  uint32_t remote = 0;  // remote unit + 1; 0 = none
+  uint32_t prev = kNil;
+  uint32_t next = kNil;
+};
+static_assert(sizeof(BlockMeta) == 16, "metadata budget: 16 bytes per block");
+
+class PageTable {
+ public:
+  static constexpr uint32_t kStateMask = 0xF;
+  static constexpr uint32_t kDirty = 1u << 4;
+  static constexpr uint32_t kPrefetched = 1u << 5;
+  static constexpr int kSlotShift = 8;
+
+  PageTable() = default;
+  PageTable(const PageTable&) = delete;
+  PageTable& operator=(const PageTable&) = delete;
+  ~PageTable();
+
+  // Reserves metadata for n blocks (lazily backed: untouched blocks cost no
+  // memory). n < 2^32 - 1.
+  Status init(uint64_t n_blocks);
+  uint64_t size() const { return n_; }
+
+  BlockMeta& meta(uint32_t b) { return blocks_[b]; }
+  uint32_t load(uint32_t b) const { return blocks_[b].word.load(std::memory_order_acquire); }
+
+  static PageState state_of(uint32_t w) { return static_cast<PageState>(w & kStateMask); }
+  static uint32_t slot_of(uint32_t w) { return w >> kSlotShift; }
+  static uint32_t with_state(uint32_t w, PageState s) {
+    return (w & ~kStateMask) | static_cast<uint32_t>(s);
+  }
+  static uint32_t with_slot(uint32_t w, uint32_t slot) {
+    return (w & ((1u << kSlotShift) - 1)) | (slot << kSlotShift);
+  }
+  static uint32_t make(PageState s, uint32_t flags, uint32_t slot) {
+    return static_cast<uint32_t>(s) | flags | (slot << kSlotShift);
+  }
+
+  // CAS expected -> desired, checking the state change against the table.
+  // Returns false (expected updated) when the word changed under us.
+  bool try_transition(uint32_t b, uint32_t& expected, uint32_t desired) {
+    FARMEM_BUG_ON(!page_transition_allowed(state_of(expected), state_of(desired)) &&
+                  state_of(expected) != state_of(desired));
+    return blocks_[b].word.compare_exchange_strong(expected, desired, std::memory_order_acq_rel,
+                                                   std::memory_order_acquire);
+  }
+  // Leaves a transient state the caller owns.
+  void finish(uint32_t b, uint32_t desired) {
+    uint32_t cur = blocks_[b].word.load(std::memory_order_relaxed);
+    PageState from = state_of(cur);
+    if (!is_transient(from) || !page_transition_allowed(from, state_of(desired))) {
+      fatal("BUG: page table: block %u cannot go from %s to %s", b, page_state_name(from),
+            page_state_name(state_of(desired)));
+    }
+    blocks_[b].word.store(desired, std::memory_order_release);
+  }
+
+ private:
+  BlockMeta* blocks_ = nullptr;
+  uint64_t n_ = 0;
+  size_t bytes_ = 0;
+};
+
+// Doubly linked list threaded through BlockMeta::prev/next; the caller holds
+// the lock that guards it. push_front = most recent; back = oldest.
+class BlockList {
+ public:
+  explicit BlockList(PageTable* pt) : pt_(pt) {}
+  void push_front(uint32_t b);
+  void remove(uint32_t b);
+  uint32_t back() const { return tail_; }
+  uint32_t prev_of(uint32_t b) const { return pt_->meta(b).prev; }
+  uint64_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+ private:
+  PageTable* pt_;
+  uint32_t head_ = kNil;
+  uint32_t tail_ = kNil;
+  uint64_t size_ = 0;
+};
+
+}  // namespace farmem

@@ -1,0 +1,987 @@
+// The userfaultfd pager: a virtual region backed by far memory.
+//
+//   farmem::LoopbackDonor donor(1ull << 30, 16 << 20);
+//   farmem::LoopbackTransport t;
+//   (void)t.add_server(0, &donor);
+//   farmem::LoopbackSlabSource src(0, &donor);
+//   farmem::PagerConfig c;
+//   c.region_size = 1ull << 30;  c.local_budget = 64 << 20;
+//   auto p = farmem::Pager<farmem::LoopbackTransport>::create(c, &t, &src);
+//   char* mem = static_cast<char*>((*p)->base());
+//   mem[12345] = 7;                       // faults, served by a handler thread
+//
+// How a fault is served (one hand-off: kernel -> handler thread):
+//   * never-written block (Empty): UFFDIO_COPY from a zero block, no I/O;
+//     installed write-protected for a read fault, writable + dirty for a
+//     write fault (one fault per read-modify-write);
+//   * remote block: READ into the handler's registered staging buffer on the
+//     handler's own transport queue, then UFFDIO_COPY (WP or writable as
+//     above); concurrent faults on the block are parked in the kernel and
+//     woken by that one copy;
+//   * write to a clean (write-protected) block: WP fault -> dirty, unprotect;
+//   * victim-cache block (evicted but still local): UFFDIO_COPY from its slot.
+//
+// Residency and replacement. Resident blocks are on the active list (FIFO
+// order of mapping). The evictor thread wakes when resident > high watermark
+// and works down to the low one: it demotes the oldest active blocks into
+// victim slots (write-protect if dirty, copy, MADV_DONTNEED), and drops the
+// oldest victims: clean ones without I/O, dirty ones after a batched WRITE
+// from the slot completed (invariant 1). A fault on a victim maps it back
+// without I/O and puts it at the head of the active list: that re-fault is
+// the access information user space otherwise lacks (second chance through a
+// local victim cache; see replacement_sim.h for the measured hit ratios).
+// "resident" counts mapped blocks, occupied slots and fetches in flight;
+// it never exceeds the budget (slack 0 blocks). Fixed overheads outside the
+// budget: staging (handlers x staging_blocks x block) and the free slots.
+//
+// Threads: config.handler_threads handlers and one evictor; none of them
+// touches the region except the evictor's copy of a block it owns and that
+// is mapped (invariant 3); nothing on the fault path allocates.
+#pragma once
+
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "pager/config.h"
+#include "pager/page_table.h"
+#include "pager/prefetch.h"
+#include "pager/remote_map.h"
+#include "pager/stats.h"
+#include "pager/uffd.h"
+#include "runtime/log.h"
+#include "runtime/transport.h"
+
+namespace farmem {
+
+namespace pager_detail {
+// Anonymous private memory, optionally aligned; owned.
+struct Mapping {
+  void* raw = nullptr;
+  size_t raw_len = 0;
+  char* ptr = nullptr;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    if (raw) munmap(raw, raw_len);
+  }
+  Status map(size_t len, size_t align, bool noreserve, const char* what);
+};
+inline uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+}  // namespace pager_detail
+
+template <TransportBackend B>
+class Pager {
+ public:
+  using Queue = typename B::Queue;
+
+  // transport and slabs outlive the pager.
+  static Result<std::unique_ptr<Pager>> create(const PagerConfig& config, B* transport,
+                                               SlabSource* slabs);
+  ~Pager();
+  Pager(const Pager&) = delete;
+  Pager& operator=(const Pager&) = delete;
+
+  void* base() const { return region_.ptr; }
+  size_t size() const { return cfg_.region_size; }
+  uint32_t block_size() const { return block_; }
+  const PagerConfig& config() const { return cfg_; }
+  const UffdFeatures& features() const { return uffd_.features(); }
+
+  uint64_t resident_bytes() const {
+    return static_cast<uint64_t>(resident_.load(std::memory_order_relaxed)) * block_;
+  }
+  uint64_t budget_bytes() const { return budget_blocks_ * block_; }
+  // Documented slack above the budget: none, by construction (reservations
+  // are taken before a block is mapped).
+  static constexpr uint64_t kSlackBytes = 0;
+  PagerStats stats() const;
+
+  // Drops [addr, addr+len) (block-aligned): the range reads as zeros again,
+  // its remote space and budget are freed. Control path (allocator purge);
+  // waits for I/O in flight on those blocks.
+  Status discard(void* addr, size_t len);
+
+  // State of the block holding addr (tests, debugging).
+  PageState state_of(const void* addr) const {
+    return PageTable::state_of(pt_.load(block_index(addr)));
+  }
+
+ private:
+  struct Inflight {
+    uint32_t block = 0;
+    uint32_t buf = 0;  // staging index (demand) or slot (prefetch)
+    bool prefetch = false;
+    bool write = false;
+    uint64_t t0 = 0;
+  };
+  struct Deferred {
+    uint64_t addr;
+    uint64_t flags;
+  };
+  struct Handler {
+    std::unique_ptr<Queue> q;
+    pager_detail::Mapping staging;
+    std::vector<uint32_t> free_staging;
+    std::vector<Inflight> inflight;
+    std::vector<uint32_t> free_inflight;
+    std::vector<Deferred> deferred;
+    std::vector<IoOp> ops;
+    size_t demand_outstanding = 0;
+    std::thread thread;
+  };
+  enum class Outcome { kDone, kDefer };
+
+  Pager(const PagerConfig& c, B* t, SlabSource* s)
+      : cfg_(c), block_(c.block_size), transport_(t), source_(s), active_(&pt_), victim_(&pt_) {}
+  Status init();
+
+  uint32_t block_index(const void* addr) const {
+    return static_cast<uint32_t>(
+        (reinterpret_cast<uintptr_t>(addr) - reinterpret_cast<uintptr_t>(region_.ptr)) / block_);
+  }
+  char* block_addr(uint32_t b) const { return region_.ptr + uint64_t{b} * block_; }
+  char* slot_addr(uint32_t s) const { return slots_.ptr + uint64_t{s} * block_; }
+
+  // Budget.
+  bool reserve();
+  void unreserve(int64_t n = 1) { resident_.fetch_sub(n, std::memory_order_relaxed); }
+  void kick_evictor();
+
+  // Slots.
+  uint32_t alloc_slot();
+  void free_slot(uint32_t s);
+
+  // Fault path.
+  void handler_main(Handler& h);
+  Outcome handle_fault(Handler& h, uint64_t addr, uint64_t flags);
+  void defer(Handler& h, uint64_t addr, uint64_t flags);
+  void run_deferred(Handler& h);
+  void reap(Handler& h, int timeout_ms);
+  void complete(Handler& h, const IoCompletion& c);
+  void prefetch_after(Handler& h, uint32_t b, bool hit);
+  void install_mapped(uint32_t b, const void* src, bool write, uint32_t flags_keep);
+  [[noreturn]] void lost_page(uint32_t b, Errc e);
+
+  // Evictor.
+  void evictor_main();
+  size_t evict_round();
+  size_t demote_batch(size_t max);
+  size_t drop_victims(size_t max);
+  size_t writeback_done(const IoCompletion& c);
+
+  PagerConfig cfg_;
+  const uint32_t block_;
+  B* const transport_;
+  SlabSource* const source_;
+  Uffd uffd_;
+  pager_detail::Mapping region_;
+  pager_detail::Mapping slots_;
+  pager_detail::Mapping zero_;
+  PageTable pt_;
+  uint64_t n_blocks_ = 0;
+  int64_t budget_blocks_ = 0, high_blocks_ = 0, low_blocks_ = 0;
+  uint64_t victim_target_ = 0;
+  int64_t prefetch_limit_ = 0;
+  uint32_t n_slots_ = 0;
+  uint32_t staging_blocks_ = 0;
+  std::unique_ptr<RemoteMap> remote_;
+  std::unique_ptr<Prefetcher> prefetcher_;
+  std::vector<void*> registered_;
+
+  std::atomic<int64_t> resident_{0};
+  std::atomic<int64_t> peak_{0};
+  mutable PagerCounters counters_;
+
+  std::mutex list_mu_;
+  BlockList active_;  // guarded by list_mu_
+  BlockList victim_;  // guarded by list_mu_
+
+  std::mutex slot_mu_;
+  std::vector<uint32_t> free_slots_;  // guarded by slot_mu_
+
+  std::vector<std::unique_ptr<Handler>> handlers_;
+  std::thread evictor_;
+  std::unique_ptr<Queue> evict_q_;
+  std::vector<uint32_t> h_wb_;  // evictor only: blocks being written back
+  std::vector<IoOp> wb_ops_;    // evictor only
+  std::mutex evict_mu_;
+  std::condition_variable evict_cv_;
+  std::atomic<bool> stop_{false};
+  int stop_fd_ = -1;
+};
+
+// ---------------------------------------------------------------------------
+// Implementation.
+
+inline Status pager_detail::Mapping::map(size_t len, size_t align, bool noreserve,
+                                         const char* what) {
+  raw_len = len + (align > 4096 ? align : 0);
+  int flags = MAP_PRIVATE | MAP_ANONYMOUS | (noreserve ? MAP_NORESERVE : 0);
+  void* p = mmap(nullptr, raw_len, PROT_READ | PROT_WRITE, flags, -1, 0);
+  if (p == MAP_FAILED) {
+    raw = nullptr;
+    return make_error(Errc::kResourceExhausted,
+                      "mmap of %zu bytes for the %s failed: %s; lower the region size or "
+                      "check ulimit -v / vm.overcommit_memory",
+                      raw_len, what, strerror(errno));
+  }
+  raw = p;
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (align > 4096) a = (a + align - 1) & ~(uintptr_t{align} - 1);
+  ptr = reinterpret_cast<char*>(a);
+  return ok_status();
+}
+
+template <TransportBackend B>
+Result<std::unique_ptr<Pager<B>>> Pager<B>::create(const PagerConfig& config, B* transport,
+                                                   SlabSource* slabs) {
+  FARMEM_RETURN_IF_ERROR(config.validate());
+  if (!transport || !slabs) {
+    return make_error(Errc::kInvalidArgument, "Pager::create: transport and slab source needed");
+  }
+  std::unique_ptr<Pager> p(new Pager(config, transport, slabs));
+  FARMEM_RETURN_IF_ERROR(p->init());
+  return p;
+}
+
+template <TransportBackend B>
+Status Pager<B>::init() {
+  if (cfg_.handler_threads == 0) cfg_.handler_threads = default_handler_threads();
+  auto u = Uffd::open();
+  if (!u.ok()) return u.status();
+  uffd_ = std::move(*u);
+
+  n_blocks_ = cfg_.region_size / block_;
+  FARMEM_RETURN_IF_ERROR(pt_.init(n_blocks_));
+  FARMEM_RETURN_IF_ERROR(region_.map(cfg_.region_size, block_, true, "far-memory region"));
+  // No THP: the pager installs blocks itself, and khugepaged must not merge them.
+  (void)madvise(region_.ptr, cfg_.region_size, MADV_NOHUGEPAGE);
+  FARMEM_RETURN_IF_ERROR(uffd_.register_range(region_.ptr, cfg_.region_size));
+
+  budget_blocks_ = static_cast<int64_t>(cfg_.local_budget / block_);
+  high_blocks_ = static_cast<int64_t>(cfg_.high_watermark * static_cast<double>(budget_blocks_));
+  low_blocks_ = static_cast<int64_t>(cfg_.low_watermark * static_cast<double>(budget_blocks_));
+  if (high_blocks_ >= budget_blocks_) high_blocks_ = budget_blocks_ - 1;
+  if (low_blocks_ >= high_blocks_) low_blocks_ = high_blocks_ - 1;
+  prefetch_limit_ = budget_blocks_ - std::max<int64_t>(4, (budget_blocks_ - high_blocks_) / 2);
+  victim_target_ =
+      static_cast<uint64_t>(cfg_.victim_fraction * static_cast<double>(budget_blocks_));
+  uint64_t slots = victim_target_ + 2ull * cfg_.writeback_batch +
+                   (cfg_.prefetch ? uint64_t{cfg_.handler_threads} * cfg_.prefetch_max_window : 0) +
+                   16;
+  if (slots > static_cast<uint64_t>(budget_blocks_)) slots = static_cast<uint64_t>(budget_blocks_);
+  if (slots > kMaxSlots) slots = kMaxSlots;
+  n_slots_ = static_cast<uint32_t>(slots);
+  FARMEM_RETURN_IF_ERROR(slots_.map(uint64_t{n_slots_} * block_, 4096, false, "victim cache"));
+  FARMEM_RETURN_IF_ERROR(zero_.map(block_, 4096, false, "zero block"));
+  FARMEM_RETURN_IF_ERROR(transport_->register_buffer(slots_.ptr, uint64_t{n_slots_} * block_));
+  registered_.push_back(slots_.ptr);
+  free_slots_.reserve(n_slots_);
+  for (uint32_t s = n_slots_; s-- > 0;) free_slots_.push_back(s);
+
+  remote_ = std::make_unique<RemoteMap>(source_, transport_, block_);
+  prefetcher_ = std::make_unique<Prefetcher>(cfg_.prefetch_max_window, n_blocks_);
+
+  staging_blocks_ = cfg_.staging_blocks;
+  if (staging_blocks_ == 0) {
+    uint32_t s = (256u << 10) / block_;
+    staging_blocks_ = s < 2 ? 2 : (s > 64 ? 64 : s);
+  }
+  stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (stop_fd_ < 0) return make_error(Errc::kIo, "eventfd: %s", strerror(errno));
+
+  for (uint32_t i = 0; i < cfg_.handler_threads; ++i) {
+    auto h = std::make_unique<Handler>();
+    auto q = transport_->open_queue();
+    if (!q.ok()) return q.status().with_context("pager: opening a handler's transport queue");
+    h->q = std::move(*q);
+    FARMEM_RETURN_IF_ERROR(
+        h->staging.map(uint64_t{staging_blocks_} * block_, 4096, false, "staging buffer"));
+    FARMEM_RETURN_IF_ERROR(
+        transport_->register_buffer(h->staging.ptr, uint64_t{staging_blocks_} * block_));
+    registered_.push_back(h->staging.ptr);
+    for (uint32_t s = staging_blocks_; s-- > 0;) h->free_staging.push_back(s);
+    size_t cap = h->q->depth();
+    h->inflight.resize(cap);
+    for (size_t k = cap; k-- > 0;) h->free_inflight.push_back(static_cast<uint32_t>(k));
+    h->deferred.reserve(4096);
+    h->ops.reserve(cap);
+    handlers_.push_back(std::move(h));
+  }
+  auto eq = transport_->open_queue();
+  if (!eq.ok()) return eq.status().with_context("pager: opening the evictor's transport queue");
+  evict_q_ = std::move(*eq);
+  h_wb_.reserve(cfg_.writeback_batch);
+  wb_ops_.reserve(cfg_.writeback_batch);
+
+  for (auto& h : handlers_) {
+    Handler* hp = h.get();
+    hp->thread = std::thread([this, hp] { handler_main(*hp); });
+  }
+  evictor_ = std::thread([this] { evictor_main(); });
+  FARMEM_LOG(kDebug, "pager: region %p + %llu, budget %lld blocks of %u, %u handlers, uffd %s",
+             static_cast<void*>(region_.ptr), static_cast<unsigned long long>(cfg_.region_size),
+             static_cast<long long>(budget_blocks_), block_, cfg_.handler_threads,
+             uffd_.features().to_string().c_str());
+  return ok_status();
+}
+
+template <TransportBackend B>
+Pager<B>::~Pager() {
+  stop_.store(true, std::memory_order_release);
+  if (stop_fd_ >= 0) {
+    uint64_t one = 1;
+    ssize_t w = write(stop_fd_, &one, sizeof one);
+    (void)w;
+  }
+  {
+    std::lock_guard<std::mutex> lk(evict_mu_);
+    evict_cv_.notify_all();
+  }
+  for (auto& h : handlers_) {
+    if (h->thread.joinable()) h->thread.join();
+  }
+  if (evictor_.joinable()) evictor_.join();
+  if (region_.ptr && uffd_.fd() >= 0) (void)uffd_.unregister_range(region_.ptr, cfg_.region_size);
+  for (auto& h : handlers_) h->q.reset();
+  evict_q_.reset();
+  for (void* p : registered_) (void)transport_->unregister_buffer(p);
+  remote_.reset();
+  if (stop_fd_ >= 0) close(stop_fd_);
+}
+
+template <TransportBackend B>
+PagerStats Pager<B>::stats() const {
+  PagerStats s;
+  counters_.snapshot(&s);
+  s.resident_bytes = resident_bytes();
+  s.resident_peak_bytes = static_cast<uint64_t>(peak_.load(std::memory_order_relaxed)) * block_;
+  s.budget_bytes = budget_bytes();
+  s.remote_bytes = remote_ ? remote_->assigned_bytes() : 0;
+  return s;
+}
+
+template <TransportBackend B>
+bool Pager<B>::reserve() {
+  int64_t cur = resident_.load(std::memory_order_relaxed);
+  while (cur < budget_blocks_) {
+    if (resident_.compare_exchange_weak(cur, cur + 1, std::memory_order_relaxed)) {
+      int64_t pk = peak_.load(std::memory_order_relaxed);
+      while (cur + 1 > pk && !peak_.compare_exchange_weak(pk, cur + 1)) {
+      }
+      if (cur + 1 > high_blocks_) kick_evictor();
+      return true;
+    }
+  }
+  kick_evictor();
+  return false;
+}
+
+template <TransportBackend B>
+void Pager<B>::kick_evictor() {
+  // notify without the mutex: the evictor re-checks resident_ with a
+  // bounded wait, so a lost wake-up costs at most one wait slice.
+  evict_cv_.notify_one();
+}
+
+template <TransportBackend B>
+uint32_t Pager<B>::alloc_slot() {
+  std::lock_guard<std::mutex> lk(slot_mu_);
+  if (free_slots_.empty()) return kNoSlot;
+  uint32_t s = free_slots_.back();
+  free_slots_.pop_back();
+  return s;
+}
+
+template <TransportBackend B>
+void Pager<B>::free_slot(uint32_t s) {
+  std::lock_guard<std::mutex> lk(slot_mu_);
+  free_slots_.push_back(s);  // capacity n_slots_: never reallocates
+}
+
+template <TransportBackend B>
+void Pager<B>::lost_page(uint32_t b, Errc e) {
+  const BlockMeta& m = pt_.meta(b);
+  const char* donor = "unknown donor";
+  if (m.remote != 0) donor = remote_->server_name(remote_->resolve(m.remote - 1).server);
+  fatal(
+      "far memory lost: the page at %p (block %u of %u bytes in the region at %p) could not "
+      "be read from donor %s (%s) and no replica holds it; its contents are gone, so the "
+      "process stops rather than read zeros",
+      static_cast<void*>(block_addr(b)), b, block_, static_cast<void*>(region_.ptr), donor,
+      errc_name(e));
+}
+
+// ---- fault path -----------------------------------------------------------
+
+template <TransportBackend B>
+void Pager<B>::handler_main(Handler& h) {
+  pthread_setname_np(pthread_self(), "fm-fault");
+  uffd_msg msgs[64];
+  IoCompletion comps[64];
+  pollfd fds[2] = {{uffd_.fd(), POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+  for (;;) {
+    if (stop_.load(std::memory_order_acquire)) {
+      while (h.q->outstanding() > 0) reap(h, 10);
+      return;
+    }
+    timespec ts{0, 0};
+    timespec* tp = nullptr;
+    if (h.q->outstanding() > 0) {
+      ts.tv_nsec = 20 * 1000;  // prefetches in flight: come back for them soon
+      tp = &ts;
+    } else if (!h.deferred.empty()) {
+      ts.tv_nsec = 200 * 1000;  // waiting for another thread's I/O or for budget
+      tp = &ts;
+    }
+    int r = ppoll(fds, 2, tp, nullptr);
+    if (r > 0 && (fds[0].revents & POLLIN)) {
+      ssize_t n = read(uffd_.fd(), msgs, sizeof msgs);
+      if (n > 0) {
+        size_t cnt = static_cast<size_t>(n) / sizeof(uffd_msg);
+        for (size_t i = 0; i < cnt; ++i) {
+          if (msgs[i].event != UFFD_EVENT_PAGEFAULT) continue;
+          uint64_t addr = msgs[i].arg.pagefault.address;
+          uint64_t flags = msgs[i].arg.pagefault.flags;
+          if (handle_fault(h, addr, flags) == Outcome::kDefer) defer(h, addr, flags);
+        }
+      }
+    }
+    if (!h.deferred.empty()) run_deferred(h);
+    // A demand fetch holds an application thread: wait for it here (other
+    // handler threads take new faults meanwhile).
+    while (h.demand_outstanding > 0) reap(h, 10);
+    if (h.q->outstanding() > 0) {
+      size_t n = h.q->poll(comps);
+      for (size_t i = 0; i < n; ++i) complete(h, comps[i]);
+    }
+  }
+}
+
+template <TransportBackend B>
+void Pager<B>::reap(Handler& h, int timeout_ms) {
+  IoCompletion comps[64];
+  size_t n = h.q->wait(comps, timeout_ms);
+  for (size_t i = 0; i < n; ++i) complete(h, comps[i]);
+}
+
+template <TransportBackend B>
+void Pager<B>::defer(Handler& h, uint64_t addr, uint64_t flags) {
+  counters_.bump(counters_.faults_waited);
+  uint64_t page = addr & ~uint64_t{4095};
+  for (Deferred& d : h.deferred) {
+    if ((d.addr & ~uint64_t{4095}) == page) {
+      d.flags |= flags;
+      return;
+    }
+  }
+  // Each entry is a blocked application thread; 4096 of them parked on one
+  // handler at once would be a bug.
+  FARMEM_BUG_ON(h.deferred.size() == h.deferred.capacity());
+  h.deferred.push_back({addr, flags});
+}
+
+template <TransportBackend B>
+void Pager<B>::run_deferred(Handler& h) {
+  size_t keep = 0;
+  for (size_t i = 0; i < h.deferred.size(); ++i) {
+    Deferred d = h.deferred[i];
+    if (handle_fault(h, d.addr, d.flags) == Outcome::kDefer) h.deferred[keep++] = d;
+  }
+  h.deferred.resize(keep);  // shrinking: no allocation
+}
+
+template <TransportBackend B>
+void Pager<B>::install_mapped(uint32_t b, const void* src, bool write, uint32_t flags_keep) {
+  int err = 0;
+  Errc e = uffd_.copy(block_addr(b), src, block_, /*write_protect=*/!write, &err);
+  if (e != Errc::kOk) {
+    fatal(
+        "pager: UFFDIO_COPY of block %u at %p failed: %s (state %s); the page table and "
+        "the mapping disagree",
+        b, static_cast<void*>(block_addr(b)), strerror(err),
+        page_state_name(PageTable::state_of(pt_.load(b))));
+  }
+  {
+    std::lock_guard<std::mutex> lk(list_mu_);
+    active_.push_front(b);
+  }
+  uint32_t flags = (write ? PageTable::kDirty : 0) | (flags_keep & PageTable::kDirty);
+  pt_.finish(b, PageTable::make(PageState::kPresent, flags, 0));
+}
+
+template <TransportBackend B>
+typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uint64_t flags) {
+  uintptr_t base = reinterpret_cast<uintptr_t>(region_.ptr);
+  if (addr < base || addr >= base + cfg_.region_size) return Outcome::kDone;
+  const uint32_t b = static_cast<uint32_t>((addr - base) / block_);
+  const bool write = (flags & UFFD_PAGEFAULT_FLAG_WRITE) != 0;
+  const bool wp = (flags & UFFD_PAGEFAULT_FLAG_WP) != 0;
+  uint32_t w = pt_.load(b);
+  for (;;) {
+    switch (PageTable::state_of(w)) {
+      case PageState::kPresent: {
+        if (!wp) {
+          // A missing-page event that lost the race with the install: the
+          // copy already woke the thread; waking again is harmless.
+          (void)uffd_.wake(block_addr(b), block_);
+          return Outcome::kDone;
+        }
+        if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kProtecting))) continue;
+        int err = 0;
+        if (uffd_.write_protect(block_addr(b), block_, false, &err) != Errc::kOk) {
+          fatal("pager: un-write-protecting block %u at %p failed: %s", b,
+                static_cast<void*>(block_addr(b)), strerror(err));
+        }
+        pt_.finish(b, PageTable::with_state(w | PageTable::kDirty, PageState::kPresent));
+        counters_.bump(counters_.faults_wp);
+        return Outcome::kDone;
+      }
+      case PageState::kEmpty: {
+        if (!reserve()) return Outcome::kDefer;
+        if (!pt_.try_transition(b, w, PageTable::make(PageState::kFetching, 0, 0))) {
+          unreserve();
+          continue;
+        }
+        install_mapped(b, zero_.ptr, write, 0);
+        counters_.bump(counters_.faults_zero);
+        return Outcome::kDone;
+      }
+      case PageState::kRemote: {
+        if (h.free_staging.empty() || h.free_inflight.empty() ||
+            h.q->outstanding() + 1 > h.q->depth()) {
+          return Outcome::kDefer;
+        }
+        if (!reserve()) return Outcome::kDefer;
+        if (!pt_.try_transition(b, w, PageTable::make(PageState::kFetching, 0, 0))) {
+          unreserve();
+          continue;
+        }
+        uint32_t st = h.free_staging.back();
+        h.free_staging.pop_back();
+        uint32_t k = h.free_inflight.back();
+        h.free_inflight.pop_back();
+        h.inflight[k] = Inflight{b, st, false, write, pager_detail::now_ns()};
+        const uint32_t unit = pt_.meta(b).remote - 1;
+        IoOp op{IoKind::kRead, block_, remote_->resolve(unit),
+                h.staging.ptr + uint64_t{st} * block_, k};
+        Errc pe = h.q->post({&op, 1});
+        if (pe != Errc::kOk) lost_page(b, pe);
+        ++h.demand_outstanding;
+        counters_.bump(counters_.reads);
+        if (cfg_.prefetch) prefetch_after(h, b, false);
+        return Outcome::kDone;
+      }
+      case PageState::kVictim: {
+        // Hit in the victim cache: the slot's block goes back to the region;
+        // the budget is unchanged (one slot freed, one block mapped).
+        if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kPromoting))) continue;
+        {
+          std::lock_guard<std::mutex> lk(list_mu_);
+          victim_.remove(b);
+        }
+        const uint32_t slot = PageTable::slot_of(w);
+        const bool was_prefetched = (w & PageTable::kPrefetched) != 0;
+        install_mapped(b, slot_addr(slot), write, w);
+        free_slot(slot);
+        counters_.bump(counters_.faults_victim);
+        if (was_prefetched) counters_.bump(counters_.prefetch_used);
+        if (cfg_.prefetch) prefetch_after(h, b, was_prefetched);
+        return Outcome::kDone;
+      }
+      default:
+        // Fetching, Protecting, Demoting, Promoting, Writing, Discarding:
+        // another thread owns the block; this fault waits for it
+        // (invariant 4) and is retried.
+        return Outcome::kDefer;
+    }
+  }
+}
+
+template <TransportBackend B>
+void Pager<B>::prefetch_after(Handler& h, uint32_t b, bool hit) {
+  uint32_t cand[256];
+  size_t cap = cfg_.prefetch_max_window < 256 ? cfg_.prefetch_max_window : 256;
+  size_t n = prefetcher_->on_fault(b, hit, cand, cap);
+  h.ops.clear();
+  for (size_t i = 0; i < n; ++i) {
+    if (h.free_inflight.empty() || h.q->outstanding() + h.ops.size() + 1 > h.q->depth()) break;
+    // Prefetch leaves a few blocks of the budget to demand faults, so that
+    // they do not wait for the evictor because of a prefetch.
+    if (resident_.load(std::memory_order_relaxed) >= prefetch_limit_) break;
+    const uint32_t c = cand[i];
+    uint32_t w = pt_.load(c);
+    if (PageTable::state_of(w) != PageState::kRemote) continue;
+    uint32_t slot = alloc_slot();
+    if (slot == kNoSlot) break;
+    if (!reserve()) {
+      free_slot(slot);
+      break;
+    }
+    if (!pt_.try_transition(c, w, PageTable::make(PageState::kFetching, 0, slot))) {
+      unreserve();
+      free_slot(slot);
+      continue;
+    }
+    uint32_t k = h.free_inflight.back();
+    h.free_inflight.pop_back();
+    h.inflight[k] = Inflight{c, slot, true, false, 0};
+    h.ops.push_back(
+        IoOp{IoKind::kRead, block_, remote_->resolve(pt_.meta(c).remote - 1), slot_addr(slot), k});
+  }
+  if (h.ops.empty()) return;
+  Errc pe = h.q->post({h.ops.data(), h.ops.size()});
+  if (pe != Errc::kOk) {
+    // Not fatal: nobody waits on a prefetch. Undo it.
+    for (const IoOp& op : h.ops) {
+      Inflight& f = h.inflight[op.cookie];
+      free_slot(f.buf);
+      unreserve();
+      pt_.finish(f.block, PageTable::make(PageState::kRemote, 0, 0));
+      h.free_inflight.push_back(static_cast<uint32_t>(op.cookie));
+    }
+    return;
+  }
+  counters_.bump(counters_.prefetch_issued, h.ops.size());
+  counters_.bump(counters_.reads, h.ops.size());
+}
+
+template <TransportBackend B>
+void Pager<B>::complete(Handler& h, const IoCompletion& c) {
+  const uint32_t k = static_cast<uint32_t>(c.cookie);
+  Inflight f = h.inflight[k];
+  h.free_inflight.push_back(k);
+  if (!f.prefetch) {
+    --h.demand_outstanding;
+    if (c.status != Errc::kOk) lost_page(f.block, c.status);  // invariant 6
+    install_mapped(f.block, h.staging.ptr + uint64_t{f.buf} * block_, f.write, 0);
+    h.free_staging.push_back(f.buf);
+    counters_.record_latency_ns(pager_detail::now_ns() - f.t0);
+    counters_.bump(counters_.faults_remote);
+    counters_.bump(counters_.bytes_read, block_);
+    return;
+  }
+  if (c.status != Errc::kOk) {
+    // A failed prefetch is forgotten; a demand fault on the block will
+    // report the loss if the donor is really gone.
+    free_slot(f.buf);
+    unreserve();
+    pt_.finish(f.block, PageTable::make(PageState::kRemote, 0, 0));
+    return;
+  }
+  counters_.bump(counters_.bytes_read, block_);
+  {
+    std::lock_guard<std::mutex> lk(list_mu_);
+    victim_.push_front(f.block);
+  }
+  pt_.finish(f.block, PageTable::make(PageState::kVictim, PageTable::kPrefetched, f.buf));
+}
+
+// ---- eviction ---------------------------------------------------------------
+
+template <TransportBackend B>
+void Pager<B>::evictor_main() {
+  pthread_setname_np(pthread_self(), "fm-evict");
+  while (!stop_.load(std::memory_order_acquire)) {
+    {
+      std::unique_lock<std::mutex> lk(evict_mu_);
+      evict_cv_.wait_for(lk, std::chrono::milliseconds(2), [&] {
+        return stop_.load(std::memory_order_acquire) ||
+               resident_.load(std::memory_order_relaxed) > high_blocks_;
+      });
+    }
+    while (!stop_.load(std::memory_order_acquire) &&
+           resident_.load(std::memory_order_relaxed) > low_blocks_) {
+      if (evict_round() == 0) {
+        // Everything at the tails is busy (I/O in flight elsewhere).
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+  }
+}
+
+template <TransportBackend B>
+size_t Pager<B>::evict_round() {
+  int64_t excess = resident_.load(std::memory_order_relaxed) - low_blocks_;
+  if (excess <= 0) return 0;
+  size_t want = static_cast<size_t>(excess) < cfg_.writeback_batch ? static_cast<size_t>(excess)
+                                                                   : cfg_.writeback_batch;
+  // Keep the victim cache at its target plus what this round drops, so that
+  // every block spends a while there before it leaves.
+  size_t progress = 0;
+  for (;;) {
+    uint64_t nv;
+    {
+      std::lock_guard<std::mutex> lk(list_mu_);
+      nv = victim_.size();
+    }
+    if (nv >= victim_target_ + want) break;
+    size_t d = demote_batch(static_cast<size_t>(victim_target_ + want - nv));
+    if (d == 0) break;
+    progress += d;
+  }
+  return progress + drop_victims(want);
+}
+
+template <TransportBackend B>
+size_t Pager<B>::demote_batch(size_t max) {
+  constexpr size_t kMaxBatch = 64;
+  uint32_t blocks[kMaxBatch], slots[kMaxBatch], words[kMaxBatch];
+  if (max > kMaxBatch) max = kMaxBatch;
+  size_t ns = 0;
+  while (ns < max && (slots[ns] = alloc_slot()) != kNoSlot) ++ns;
+  size_t n = 0;
+  {
+    std::lock_guard<std::mutex> lk(list_mu_);
+    uint32_t c = active_.back();
+    for (size_t scanned = 0; c != kNil && n < ns && scanned < ns + 64; ++scanned) {
+      uint32_t prev = active_.prev_of(c);
+      uint32_t w = pt_.load(c);
+      if (PageTable::state_of(w) == PageState::kPresent &&
+          pt_.try_transition(c, w, PageTable::with_state(w, PageState::kDemoting))) {
+        active_.remove(c);
+        blocks[n] = c;
+        words[n] = w;
+        ++n;
+      }
+      c = prev;
+    }
+  }
+  for (size_t i = n; i < ns; ++i) free_slot(slots[i]);
+  if (n == 0) return 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!(words[i] & PageTable::kDirty)) continue;  // clean blocks are write-protected already
+    // Writes from now on fault and wait for this demotion (invariant 4).
+    int err = 0;
+    if (uffd_.write_protect(block_addr(blocks[i]), block_, true, &err) != Errc::kOk) {
+      fatal("pager: write-protecting block %u at %p for eviction failed: %s", blocks[i],
+            static_cast<void*>(block_addr(blocks[i])), strerror(err));
+    }
+  }
+  // The blocks are mapped and owned by this thread: reading them cannot fault.
+  for (size_t i = 0; i < n; ++i) memcpy(slot_addr(slots[i]), block_addr(blocks[i]), block_);
+  // One MADV_DONTNEED per run of adjacent blocks: each call is a TLB
+  // shoot-down, and a scan demotes long runs.
+  uint32_t sorted[kMaxBatch];
+  memcpy(sorted, blocks, n * sizeof(uint32_t));
+  std::sort(sorted, sorted + n);
+  for (size_t i = 0; i < n;) {
+    size_t j = i + 1;
+    while (j < n && sorted[j] == sorted[j - 1] + 1) ++j;
+    char* addr = block_addr(sorted[i]);
+    if (madvise(addr, (j - i) * uint64_t{block_}, MADV_DONTNEED) != 0) {
+      fatal("pager: MADV_DONTNEED of %zu blocks at %p failed: %s", j - i, static_cast<void*>(addr),
+            strerror(errno));
+    }
+    i = j;
+  }
+  {
+    std::lock_guard<std::mutex> lk(list_mu_);
+    for (size_t i = 0; i < n; ++i) victim_.push_front(blocks[i]);  // oldest nearest the tail
+  }
+  for (size_t i = 0; i < n; ++i) {
+    pt_.finish(blocks[i],
+               PageTable::make(PageState::kVictim, words[i] & PageTable::kDirty, slots[i]));
+  }
+  counters_.bump(counters_.demotions, n);
+  return n;
+}
+
+template <TransportBackend B>
+size_t Pager<B>::drop_victims(size_t max) {
+  uint32_t clean_slots[256];
+  size_t n_clean = 0, n_unused = 0;
+  h_wb_.clear();
+  {
+    std::lock_guard<std::mutex> lk(list_mu_);
+    uint32_t c = victim_.back();
+    for (size_t scanned = 0; c != kNil && scanned < 2 * max + 16 && n_clean + h_wb_.size() < max;
+         ++scanned) {
+      uint32_t prev = victim_.prev_of(c);
+      uint32_t w = pt_.load(c);
+      if (PageTable::state_of(w) == PageState::kVictim) {
+        if (!(w & PageTable::kDirty)) {
+          PageState to = pt_.meta(c).remote != 0 ? PageState::kRemote : PageState::kEmpty;
+          if (pt_.try_transition(c, w, PageTable::make(to, 0, 0))) {
+            victim_.remove(c);
+            clean_slots[n_clean++] = PageTable::slot_of(w);
+            if (w & PageTable::kPrefetched) ++n_unused;
+          }
+        } else if (pt_.try_transition(c, w, PageTable::with_state(w, PageState::kWriting))) {
+          victim_.remove(c);
+          h_wb_.push_back(c);
+        }
+      }
+      c = prev;
+    }
+  }
+  for (size_t i = 0; i < n_clean; ++i) free_slot(clean_slots[i]);
+  if (n_clean) {
+    unreserve(static_cast<int64_t>(n_clean));
+    counters_.bump(counters_.evictions_clean, n_clean);
+  }
+  if (n_unused) {
+    counters_.bump(counters_.prefetch_unused, n_unused);
+    for (size_t i = 0; i < n_unused; ++i) prefetcher_->on_unused();
+  }
+  if (h_wb_.empty()) return n_clean;
+
+  // Dirty victims: one batch of WRITEs from their slots.
+  std::vector<IoOp>& ops = wb_ops_;
+  ops.clear();
+  for (uint32_t b : h_wb_) {
+    BlockMeta& m = pt_.meta(b);
+    if (m.remote == 0) {
+      auto u = remote_->alloc_unit();
+      if (!u.ok()) {
+        fatal("pager: no remote space to write back dirty block %u at %p: %s", b,
+              static_cast<void*>(block_addr(b)), u.status().to_string().c_str());
+      }
+      m.remote = *u + 1;
+    }
+    uint32_t w = pt_.load(b);
+    ops.push_back(IoOp{IoKind::kWrite, block_, remote_->resolve(m.remote - 1),
+                       slot_addr(PageTable::slot_of(w)), b});
+  }
+  size_t done_ok = 0;
+  size_t posted = 0;
+  while (posted < ops.size()) {
+    size_t room = evict_q_->depth() - evict_q_->outstanding();
+    size_t n = ops.size() - posted < room ? ops.size() - posted : room;
+    if (n > 0) {
+      Errc pe = evict_q_->post({ops.data() + posted, n});
+      if (pe == Errc::kUnavailable) {
+        uint32_t b = static_cast<uint32_t>(ops[posted].cookie);
+        fatal(
+            "pager: cannot write back dirty block at %p: donor %s is unavailable and no "
+            "replica holds it",
+            static_cast<void*>(block_addr(b)), remote_->server_name(ops[posted].remote.server));
+      }
+      if (pe == Errc::kOk) posted += n;
+    }
+    IoCompletion comps[64];
+    size_t got = evict_q_->wait(comps, 10);
+    for (size_t i = 0; i < got; ++i) done_ok += writeback_done(comps[i]);
+  }
+  while (evict_q_->outstanding() > 0) {
+    IoCompletion comps[64];
+    size_t got = evict_q_->wait(comps, 10);
+    for (size_t i = 0; i < got; ++i) done_ok += writeback_done(comps[i]);
+  }
+  counters_.bump(counters_.writes, ops.size());
+  return n_clean + done_ok;
+}
+
+template <TransportBackend B>
+size_t Pager<B>::writeback_done(const IoCompletion& c) {
+  const uint32_t b = static_cast<uint32_t>(c.cookie);
+  const uint32_t w = pt_.load(b);
+  const uint32_t slot = PageTable::slot_of(w);
+  if (c.status == Errc::kOk) {
+    // The WRITE is stored remotely: only now may the local copy go (invariant 1).
+    pt_.finish(b, PageTable::make(PageState::kRemote, 0, 0));
+    free_slot(slot);
+    unreserve();
+    counters_.bump(counters_.evictions_dirty);
+    counters_.bump(counters_.bytes_written, block_);
+    return 1;
+  }
+  if (c.status == Errc::kUnavailable) {
+    fatal(
+        "pager: cannot write back dirty block at %p: donor %s is unavailable and no replica "
+        "holds it",
+        static_cast<void*>(block_addr(b)),
+        remote_->server_name(remote_->resolve(pt_.meta(b).remote - 1).server));
+  }
+  // Any other failure: keep the data in its slot, still dirty, and retry
+  // it in a later round.
+  counters_.bump(counters_.writeback_errors);
+  FARMEM_LOG(kWarn, "pager: write-back of block %u at %p failed (%s); kept locally for a retry", b,
+             static_cast<void*>(block_addr(b)), errc_name(c.status));
+  {
+    std::lock_guard<std::mutex> lk(list_mu_);
+    victim_.push_front(b);
+  }
+  pt_.finish(b, PageTable::with_state(w, PageState::kVictim));
+  return 0;
+}
+
+template <TransportBackend B>
+Status Pager<B>::discard(void* addr, size_t len) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  uintptr_t base = reinterpret_cast<uintptr_t>(region_.ptr);
+  if (a < base || a + len > base + cfg_.region_size || len > cfg_.region_size ||
+      (a - base) % block_ != 0 || len % block_ != 0) {
+    return make_error(Errc::kInvalidArgument,
+                      "discard(%p, %zu): the range must be inside the region [%p, +%llu) and "
+                      "aligned to the %u-byte block size",
+                      addr, len, static_cast<void*>(region_.ptr),
+                      static_cast<unsigned long long>(cfg_.region_size), block_);
+  }
+  const uint32_t first = static_cast<uint32_t>((a - base) / block_);
+  const uint32_t last = first + static_cast<uint32_t>(len / block_);
+  for (uint32_t b = first; b < last; ++b) {
+    for (;;) {
+      uint32_t w = pt_.load(b);
+      PageState s = PageTable::state_of(w);
+      if (s == PageState::kEmpty) break;
+      if (is_transient(s)) {
+        // I/O or a fault in flight on the block: wait for it (bounded by
+        // that I/O).
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        continue;
+      }
+      if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kDiscarding))) continue;
+      if (s == PageState::kPresent) {
+        {
+          std::lock_guard<std::mutex> lk(list_mu_);
+          active_.remove(b);
+        }
+        if (madvise(block_addr(b), block_, MADV_DONTNEED) != 0) {
+          return make_error(Errc::kIo, "discard: MADV_DONTNEED at %p: %s",
+                            static_cast<void*>(block_addr(b)), strerror(errno));
+        }
+        unreserve();
+      } else if (s == PageState::kVictim) {
+        {
+          std::lock_guard<std::mutex> lk(list_mu_);
+          victim_.remove(b);
+        }
+        free_slot(PageTable::slot_of(w));
+        unreserve();
+      }
+      BlockMeta& m = pt_.meta(b);
+      if (m.remote != 0) {
+        remote_->free_unit(m.remote - 1);
+        m.remote = 0;
+      }
+      pt_.finish(b, PageTable::make(PageState::kEmpty, 0, 0));
+      break;
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace farmem

@@ -1,0 +1,88 @@
+#include "pager/stats.h"
+
+#include <cstdio>
+
+namespace farmem {
+
+uint64_t LatencyHistogram::total() const {
+  uint64_t t = 0;
+  for (uint64_t c : counts) t += c;
+  return t;
+}
+
+uint64_t LatencyHistogram::percentile_us(double q) const {
+  uint64_t t = total();
+  if (t == 0) return 0;
+  auto want = static_cast<uint64_t>(q * static_cast<double>(t));
+  if (want >= t) want = t - 1;
+  uint64_t seen = 0;
+  for (int i = 0; i < kBuckets; ++i) {
+    seen += counts[static_cast<size_t>(i)];
+    if (seen > want) return uint64_t{1} << i;
+  }
+  return uint64_t{1} << (kBuckets - 1);
+}
+
+void PagerCounters::record_latency_ns(uint64_t ns) {
+  uint64_t us = ns / 1000;
+  int b = 0;
+  while (us > 0 && b < LatencyHistogram::kBuckets - 1) {
+    us >>= 1;
+    ++b;
+  }
+  bump(latency[b]);
+}
+
+void PagerCounters::snapshot(PagerStats* s) const {
+  auto ld = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  s->faults_zero = ld(faults_zero);
+  s->faults_remote = ld(faults_remote);
+  s->faults_wp = ld(faults_wp);
+  s->faults_victim = ld(faults_victim);
+  s->faults_waited = ld(faults_waited);
+  for (int i = 0; i < LatencyHistogram::kBuckets; ++i) {
+    s->fetch_latency.counts[static_cast<size_t>(i)] = ld(latency[i]);
+  }
+  s->demotions = ld(demotions);
+  s->evictions_clean = ld(evictions_clean);
+  s->evictions_dirty = ld(evictions_dirty);
+  s->writeback_errors = ld(writeback_errors);
+  s->reads = ld(reads);
+  s->writes = ld(writes);
+  s->bytes_read = ld(bytes_read);
+  s->bytes_written = ld(bytes_written);
+  s->prefetch_issued = ld(prefetch_issued);
+  s->prefetch_used = ld(prefetch_used);
+  s->prefetch_unused = ld(prefetch_unused);
+}
+
+std::string PagerStats::to_string() const {
+  char buf[768];
+  snprintf(
+      buf, sizeof buf,
+      "faults: zero %llu remote %llu wp %llu victim %llu waited %llu; fetch p50 %llu us "
+      "p99 %llu us\n"
+      "evict: demoted %llu clean %llu dirty %llu wb-errors %llu\n"
+      "io: reads %llu (%llu B) writes %llu (%llu B)\n"
+      "prefetch: issued %llu used %llu unused %llu\n"
+      "memory: resident %llu B (peak %llu) of budget %llu B; remote %llu B",
+      static_cast<unsigned long long>(faults_zero), static_cast<unsigned long long>(faults_remote),
+      static_cast<unsigned long long>(faults_wp), static_cast<unsigned long long>(faults_victim),
+      static_cast<unsigned long long>(faults_waited),
+      static_cast<unsigned long long>(fetch_latency.percentile_us(0.5)),
+      static_cast<unsigned long long>(fetch_latency.percentile_us(0.99)),
+      static_cast<unsigned long long>(demotions), static_cast<unsigned long long>(evictions_clean),
+      static_cast<unsigned long long>(evictions_dirty),
+      static_cast<unsigned long long>(writeback_errors), static_cast<unsigned long long>(reads),
+      static_cast<unsigned long long>(bytes_read), static_cast<unsigned long long>(writes),
+      static_cast<unsigned long long>(bytes_written),
+      static_cast<unsigned long long>(prefetch_issued),
+      static_cast<unsigned long long>(prefetch_used),
+      static_cast<unsigned long long>(prefetch_unused),
+      static_cast<unsigned long long>(resident_bytes),
+      static_cast<unsigned long long>(resident_peak_bytes),
+      static_cast<unsigned long long>(budget_bytes), static_cast<unsigned long long>(remote_bytes));
+  return buf;
+}
+
+}  // namespace farmem

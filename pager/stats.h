@@ -1,0 +1,73 @@
+// Pager statistics: a snapshot of plain counters, and the lock-free
+// counters the pager threads bump (relaxed atomics, no allocation).
+//
+//   farmem::PagerStats s = pager->stats();
+//   printf("remote faults %llu, p99 fetch %llu us\n", s.faults_remote,
+//          s.fetch_latency.percentile_us(0.99));
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+namespace farmem {
+
+// Log2 buckets of microseconds: bucket 0 = [0, 1) us, bucket i = [2^(i-1), 2^i).
+struct LatencyHistogram {
+  static constexpr int kBuckets = 24;
+  std::array<uint64_t, kBuckets> counts{};
+  uint64_t total() const;
+  // Upper bound (us) of the bucket holding the q-quantile; 0 when empty.
+  uint64_t percentile_us(double q) const;
+};
+
+struct PagerStats {
+  // Faults by how they were served.
+  uint64_t faults_zero = 0;    // never-written block: zero-filled, no I/O
+  uint64_t faults_remote = 0;  // fetched with a READ
+  uint64_t faults_wp = 0;      // first write to a clean resident block (now dirty)
+  uint64_t faults_victim = 0;  // block still local in the victim cache: mapped back, no I/O
+  uint64_t faults_waited = 0;  // a fault that found the block busy or the budget full and waited
+  LatencyHistogram fetch_latency;  // demand READ post -> installed
+  // Eviction.
+  uint64_t demotions = 0;         // resident -> victim cache
+  uint64_t evictions_clean = 0;   // dropped without I/O
+  uint64_t evictions_dirty = 0;   // written back, then dropped
+  uint64_t writeback_errors = 0;  // WRITEs that failed and were kept for a retry
+  // Transport traffic.
+  uint64_t reads = 0;
+  uint64_t writes = 0;
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  // Prefetch.
+  uint64_t prefetch_issued = 0;
+  uint64_t prefetch_used = 0;    // a prefetched block faulted on before eviction
+  uint64_t prefetch_unused = 0;  // a prefetched block dropped unused
+  // Memory.
+  uint64_t resident_bytes = 0;  // mapped blocks + occupied victim slots (+ fetches in flight)
+  uint64_t resident_peak_bytes = 0;
+  uint64_t budget_bytes = 0;
+  uint64_t remote_bytes = 0;  // remote space assigned to blocks
+
+  std::string to_string() const;  // one line per group, for logs and benches
+};
+
+// The live counters. Cache-line aligned so that the hot ones do not share a
+// line with the resident counter the evictor polls.
+struct alignas(64) PagerCounters {
+  std::atomic<uint64_t> faults_zero{0}, faults_remote{0}, faults_wp{0}, faults_victim{0},
+      faults_waited{0};
+  std::atomic<uint64_t> latency[LatencyHistogram::kBuckets]{};
+  std::atomic<uint64_t> demotions{0}, evictions_clean{0}, evictions_dirty{0}, writeback_errors{0};
+  std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0};
+  std::atomic<uint64_t> prefetch_issued{0}, prefetch_used{0}, prefetch_unused{0};
+
+  static void bump(std::atomic<uint64_t>& c, uint64_t n = 1) {
+    c.fetch_add(n, std::memory_order_relaxed);
+  }
+  void record_latency_ns(uint64_t ns);
+  void snapshot(PagerStats* out) const;
+};
+
+}  // namespace farmem

@@ -1,0 +1,192 @@
+#include "pager/uffd.h"
+
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace farmem {
+namespace {
+
+// Feature bits newer than Debian 12's linux-libc-dev (6.1) headers; the
+// values are the kernel ABI and never change.
+constexpr uint64_t kFeatureWpUnpopulated = 1ull << 13;
+constexpr uint64_t kFeatureWpAsync = 1ull << 15;
+constexpr uint64_t kFeatureMove = 1ull << 16;
+
+int open_raw(UffdSource* source, int* syscall_errno, int* dev_errno) {
+  // Without UFFD_USER_MODE_ONLY on purpose: a syscall such as read() into a
+  // far buffer must be able to fault on it too.
+  int fd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+  if (fd >= 0) {
+    *source = UffdSource::kSyscall;
+    return fd;
+  }
+  *syscall_errno = errno;
+  int dev = ::open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+  if (dev < 0) {
+    *dev_errno = errno;
+    return -1;
+  }
+  fd = ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK);
+  *dev_errno = fd < 0 ? errno : 0;
+  ::close(dev);
+  if (fd >= 0) *source = UffdSource::kDevice;
+  return fd;
+}
+
+Status permission_error(int syscall_errno, int dev_errno) {
+  return make_error(Errc::kPermissionDenied,
+                    "userfaultfd is not permitted for this process (userfaultfd(2): %s; "
+                    "/dev/userfaultfd: %s). Fix one of: run with CAP_SYS_PTRACE, set "
+                    "`sysctl vm.unprivileged_userfaultfd=1`, or give this user read-write "
+                    "access to /dev/userfaultfd",
+                    strerror(syscall_errno), dev_errno ? strerror(dev_errno) : "no error");
+}
+
+UffdFeatures decode(uint64_t raw) {
+  UffdFeatures f;
+  f.raw = raw;
+  f.missing_wp = (raw & UFFD_FEATURE_PAGEFAULT_FLAG_WP) != 0;
+  f.wp_unpopulated = (raw & kFeatureWpUnpopulated) != 0;
+  f.wp_async = (raw & kFeatureWpAsync) != 0;
+  f.move = (raw & kFeatureMove) != 0;
+  f.minor_shmem = (raw & UFFD_FEATURE_MINOR_SHMEM) != 0;
+  f.exact_address = (raw & UFFD_FEATURE_EXACT_ADDRESS) != 0;
+  return f;
+}
+
+}  // namespace
+
+std::string UffdFeatures::to_string() const {
+  std::string s = missing_wp ? "missing+wp" : "missing(no wp)";
+  if (wp_unpopulated) s += " wp_unpopulated";
+  if (wp_async) s += " wp_async";
+  if (move) s += " move";
+  if (minor_shmem) s += " minor_shmem";
+  if (exact_address) s += " exact_address";
+  return s;
+}
+
+Result<Uffd> Uffd::open() {
+  UffdSource source = UffdSource::kSyscall;
+  int se = 0, de = 0;
+  // Probe: UFFDIO_API with features 0 reports every feature the kernel has;
+  // a descriptor takes UFFDIO_API once, so the real one is opened after.
+  Fd probe(open_raw(&source, &se, &de));
+  if (!probe.valid()) return permission_error(se, de);
+  uffdio_api api{};
+  api.api = UFFD_API;
+  if (ioctl(probe.get(), UFFDIO_API, &api) != 0) {
+    return make_error(Errc::kIo, "UFFDIO_API failed: %s; this kernel's userfaultfd is unusable",
+                      strerror(errno));
+  }
+  UffdFeatures f = decode(api.features);
+  if (!f.missing_wp) {
+    return make_error(Errc::kUnavailable,
+                      "this kernel has no userfaultfd write-protect support for anonymous "
+                      "memory (UFFD_FEATURE_PAGEFAULT_FLAG_WP); farmem needs Linux >= 5.7");
+  }
+  Uffd u;
+  u.fd_ = Fd(open_raw(&u.source_, &se, &de));
+  if (!u.fd_.valid()) return permission_error(se, de);
+  uffdio_api want{};
+  want.api = UFFD_API;
+  want.features =
+      UFFD_FEATURE_PAGEFAULT_FLAG_WP | (f.exact_address ? UFFD_FEATURE_EXACT_ADDRESS : 0);
+  if (ioctl(u.fd_.get(), UFFDIO_API, &want) != 0) {
+    return make_error(Errc::kIo, "UFFDIO_API with features 0x%llx failed: %s",
+                      static_cast<unsigned long long>(want.features), strerror(errno));
+  }
+  u.features_ = f;
+  return u;
+}
+
+std::string Uffd::unavailable_reason() {
+  auto u = open();
+  if (!u.ok()) return u.status().to_string();
+  return {};
+}
+
+Status Uffd::register_range(void* addr, size_t len) {
+  uffdio_register reg{};
+  reg.range.start = reinterpret_cast<uintptr_t>(addr);
+  reg.range.len = len;
+  reg.mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP;
+  if (ioctl(fd_.get(), UFFDIO_REGISTER, &reg) != 0) {
+    return make_error(Errc::kIo,
+                      "UFFDIO_REGISTER (MISSING|WP) of %zu bytes at %p failed: %s; the range "
+                      "must be private anonymous memory",
+                      len, addr, strerror(errno));
+  }
+  constexpr uint64_t kNeed =
+      (1ull << _UFFDIO_COPY) | (1ull << _UFFDIO_WRITEPROTECT) | (1ull << _UFFDIO_WAKE);
+  if ((reg.ioctls & kNeed) != kNeed) {
+    return make_error(Errc::kUnavailable,
+                      "UFFDIO_REGISTER granted ioctls 0x%llx without COPY/WRITEPROTECT/WAKE",
+                      static_cast<unsigned long long>(reg.ioctls));
+  }
+  return ok_status();
+}
+
+Status Uffd::unregister_range(void* addr, size_t len) {
+  uffdio_range r{};
+  r.start = reinterpret_cast<uintptr_t>(addr);
+  r.len = len;
+  if (ioctl(fd_.get(), UFFDIO_UNREGISTER, &r) != 0) {
+    return make_error(Errc::kIo, "UFFDIO_UNREGISTER of %zu bytes at %p failed: %s", len, addr,
+                      strerror(errno));
+  }
+  return ok_status();
+}
+
+Errc Uffd::copy(void* dst, const void* src, size_t len, bool write_protect, int* err) noexcept {
+  for (;;) {
+    uffdio_copy c{};
+    c.dst = reinterpret_cast<uintptr_t>(dst);
+    c.src = reinterpret_cast<uintptr_t>(src);
+    c.len = len;
+    c.mode = write_protect ? UFFDIO_COPY_MODE_WP : 0;
+    if (ioctl(fd_.get(), UFFDIO_COPY, &c) == 0) return Errc::kOk;
+    int e = errno;
+    // EAGAIN: the address space changed under us (or a partial copy);
+    // the remaining bytes are retried.
+    if (e == EAGAIN) {
+      if (c.copy > 0) {
+        size_t done = static_cast<size_t>(c.copy);
+        dst = static_cast<char*>(dst) + done;
+        src = static_cast<const char*>(src) + done;
+        len -= done;
+      }
+      continue;
+    }
+    if (err) *err = e;
+    return e == EEXIST ? Errc::kInvalidArgument : Errc::kIo;
+  }
+}
+
+Errc Uffd::write_protect(void* addr, size_t len, bool protect, int* err) noexcept {
+  for (;;) {
+    uffdio_writeprotect w{};
+    w.range.start = reinterpret_cast<uintptr_t>(addr);
+    w.range.len = len;
+    w.mode = protect ? UFFDIO_WRITEPROTECT_MODE_WP : 0;
+    if (ioctl(fd_.get(), UFFDIO_WRITEPROTECT, &w) == 0) return Errc::kOk;
+    if (errno == EAGAIN) continue;
+    if (err) *err = errno;
+    return Errc::kIo;
+  }
+}
+
+Errc Uffd::wake(void* addr, size_t len) noexcept {
+  uffdio_range r{};
+  r.start = reinterpret_cast<uintptr_t>(addr);
+  r.len = len;
+  return ioctl(fd_.get(), UFFDIO_WAKE, &r) == 0 ? Errc::kOk : Errc::kIo;
+}
+
+}  // namespace farmem

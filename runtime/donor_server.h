@@ -1,0 +1,104 @@
+// DonorServer: the heart of farmemd. Lends a bounded pool of memory in slabs
+// to authenticated clients and serves the tcp data path (READ / WRITE of
+// byte ranges inside the caller's own leases).
+//
+//   farmem::DonorOptions o;
+//   o.listen = {"127.0.0.1", 0};         // port 0: pick a free one
+//   o.capacity = 256ull << 20;
+//   o.slab_size = 1ull << 20;
+//   o.token = "shared secret";
+//   auto srv = farmem::DonorServer::start(o);
+//   if (!srv.ok()) { /* srv.status().to_string() says what to fix */ }
+//   uint16_t port = (*srv)->port();
+//   ...
+//   (*srv)->stop();                      // or let the destructor do it
+//
+// Threads: one accept thread, one thread per connection (blocking I/O with
+// socket timeouts) and one reaper that expires silent sessions and joins
+// finished connection threads. Simple and robust on small machines; the
+// per-op cost on the data path is one mutex round trip to pin the slab.
+//
+// A connection's life (see runtime/wire.h for the frames):
+//
+//   state        | input                         | next         | output
+//   -------------+-------------------------------+--------------+---------------------
+//   kHello       | HELLO ok                      | kChallenged  | CHALLENGE(nonce)
+//   kHello       | anything else / bad field     | closed       | ERROR
+//   kChallenged  | AUTH with the right MAC       | kControl     | WELCOME (new session)
+//   kChallenged  | ATTACH with the right MAC     | kData        | ATTACHED
+//   kChallenged  | wrong MAC / unknown session   | closed       | ERROR
+//   kHello/kChal.| handshake_timeout_ms passes   | closed       | ERROR kTimeout
+//   kControl     | LEASE/RELEASE/HEARTBEAT/STATS | kControl     | reply or ERROR
+//   kControl     | bad header / other type       | closed       | ERROR kProtocol
+//   kControl     | close, or silent for grace_ms | closed       | session ends: leases
+//                |                               |              | released, data closed
+//   kData        | READ/WRITE in own lease       | kData        | READ_DATA / WRITTEN
+//   kData        | READ/WRITE refused            | kData        | ERROR (stream kept)
+//   kData        | bad header / other type       | closed       | ERROR kProtocol
+//   any          | a reply not taken within      | closed       | -
+//                | send_timeout_ms               |              |
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "runtime/parse.h"
+#include "runtime/status.h"
+#include "runtime/wire.h"
+
+namespace farmem {
+
+enum class DonorTransportMode { kAuto, kTcp, kVerbs };
+
+// "auto", "tcp", "verbs".
+const char* donor_transport_name(DonorTransportMode m) noexcept;
+
+struct DonorOptions {
+  Endpoint listen{"127.0.0.1", 7400};  // port 0 = pick a free one (tests)
+  uint64_t capacity = 1ull << 30;      // never lends more
+  uint64_t slab_size = 64ull << 20;    // lease granularity; capacity is a multiple of it
+  std::string token;                   // shared secret; empty only with insecure=true
+  bool insecure = false;               // accept any client (logs a loud warning)
+  uint32_t max_clients = 256;          // live sessions
+  uint64_t quota_per_client = 0;       // 0 = no per-client limit below capacity
+  uint32_t heartbeat_ms = 1000;        // told to clients in WELCOME
+  // Leases dropped after this long without a frame on the control connection.
+  uint32_t grace_ms = 5000;
+  // A connection that does not finish the handshake is closed.
+  uint32_t handshake_timeout_ms = 5000;
+  uint32_t idle_data_timeout_ms = 0;  // 0 = none
+  uint32_t max_connections_per_session = 64;
+  DonorTransportMode transport = DonorTransportMode::kAuto;
+  bool try_hugepages = true;
+  // Extras beyond the agreed API.
+  // A peer that does not take a reply within this long is disconnected, so
+  // it cannot hold a thread or a slab pin forever.
+  uint32_t send_timeout_ms = 10000;
+  // Open TCP connections at most (0: max_clients * 4 + 16). Refused beyond.
+  uint32_t max_connections = 0;
+};
+
+class DonorServer {
+ public:
+  // Validates the options, reserves the memory, binds, starts the threads.
+  static Result<std::unique_ptr<DonorServer>> start(const DonorOptions& opts);
+  ~DonorServer();  // stop() + join
+  DonorServer(const DonorServer&) = delete;
+  DonorServer& operator=(const DonorServer&) = delete;
+
+  void stop();  // idempotent, async-signal-unsafe; closes everything
+  void wait();  // blocks until stop()
+  uint16_t port() const;
+  wire::StatsReply stats() const;
+  uint64_t instance_id() const;
+  bool huge_pages() const;  // donor memory is on MAP_HUGETLB pages
+
+  class Impl;
+
+ private:
+  explicit DonorServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace farmem

@@ -1,0 +1,391 @@
+// Pager behaviour on the loopback backend: integrity under eviction, and
+// one test per invariant 1-6 (invariant 3's allocation half is in
+// pager_alloc_test.cc).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "tests/pager/pager_harness.h"
+
+namespace farmem::testing {
+namespace {
+
+// Invariant 2: never-written pages read as zeros with no transport op, even
+// after their zero pages were evicted and faulted again.
+TEST(PagerTest, NeverWrittenPagesAreZerosWithoutTraffic) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  LoopbackRig rig;
+  const size_t budget = 256, region = 2560;
+  P& p = rig.start(small_config(budget, region));
+  auto* mem = static_cast<volatile uint8_t*>(p.base());
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t pg = 0; pg < region; ++pg) {
+      uint64_t sum = 0;
+      for (size_t i = 0; i < kPage; i += 512) sum += mem[pg * kPage + i];
+      ASSERT_EQ(sum, 0u) << "page " << pg;
+    }
+  }
+  PagerStats s = p.stats();
+  EXPECT_EQ(rig.donor.reads(), 0u);
+  EXPECT_EQ(rig.donor.writes(), 0u);
+  EXPECT_EQ(s.reads, 0u);
+  EXPECT_EQ(s.writes, 0u);
+  EXPECT_EQ(s.faults_remote, 0u);
+  EXPECT_EQ(s.evictions_dirty, 0u);
+  // Every access of pass 1 faulted; pass 2 faulted on every page that had
+  // left the victim cache.
+  EXPECT_GE(s.faults_zero, region + region - budget);
+  EXPECT_GT(s.evictions_clean, region);
+  EXPECT_EQ(s.remote_bytes, 0u);
+}
+
+struct IntegrityParam {
+  int threads;
+  uint32_t block;
+  int ops;  // over all threads
+};
+
+class PagerIntegrityTest : public ::testing::TestWithParam<IntegrityParam> {};
+
+// Region ten times the budget; random reads and writes from N threads, each
+// owning the pages p % N == t, checked against a reference copy; the
+// resident bytes are sampled (counter and mincore) and never exceed the
+// budget (invariant 5).
+TEST_P(PagerIntegrityTest, RandomReadWriteMatchesReference) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  const IntegrityParam prm = GetParam();
+  const size_t budget_pages = 512, region_pages = 10 * budget_pages;
+  LoopbackRig rig;
+  PagerConfig c = small_config(budget_pages, region_pages);
+  c.block_size = prm.block;
+  c.handler_threads = 2;
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  std::vector<uint8_t> ref(region_pages * kPage, 0);
+
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> max_counter{0}, max_mapped{0}, samples{0};
+  std::thread sampler([&] {
+    while (!done.load()) {
+      uint64_t r = p.resident_bytes();
+      uint64_t m = mapped_pages(mem, region_pages * kPage) * kPage;
+      if (r > max_counter) max_counter = r;
+      if (m > max_mapped) max_mapped = m;
+      ++samples;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+
+  const int ops_per_thread = prm.ops / prm.threads;
+  std::vector<std::thread> ts;
+  std::atomic<uint64_t> mismatches{0};
+  for (int t = 0; t < prm.threads; ++t) {
+    ts.emplace_back([&, t] {
+      std::mt19937_64 rng(1234 + t);
+      const size_t mine = region_pages / prm.threads;
+      for (int i = 0; i < ops_per_thread; ++i) {
+        size_t pg = (rng() % mine) * prm.threads + t;
+        size_t off = pg * kPage + (rng() % (kPage / 8)) * 8;
+        switch (rng() % 4) {
+          case 0: {  // whole-page compare
+            if (memcmp(mem + pg * kPage, ref.data() + pg * kPage, kPage) != 0) ++mismatches;
+            break;
+          }
+          case 1: {  // read one word
+            uint64_t a, b;
+            memcpy(&a, mem + off, 8);
+            memcpy(&b, ref.data() + off, 8);
+            if (a != b) ++mismatches;
+            break;
+          }
+          default: {  // write one word (read-modify-write)
+            uint64_t v;
+            memcpy(&v, mem + off, 8);
+            v = v * 31 + rng();
+            memcpy(mem + off, &v, 8);
+            memcpy(ref.data() + off, &v, 8);
+            break;
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : ts) th.join();
+  done = true;
+  sampler.join();
+  EXPECT_EQ(mismatches.load(), 0u);
+  EXPECT_EQ(memcmp(mem, ref.data(), ref.size()), 0) << "final image differs";
+  PagerStats s = p.stats();
+  const uint64_t budget_bytes = budget_pages * kPage;
+  EXPECT_LE(max_counter.load(), budget_bytes + P::kSlackBytes);
+  EXPECT_LE(max_mapped.load(), budget_bytes + P::kSlackBytes);
+  EXPECT_LE(s.resident_peak_bytes, budget_bytes + P::kSlackBytes);
+  EXPECT_GT(samples.load(), 10u);
+  // Many eviction cycles: several budgets' worth of dirty write-backs and
+  // remote fetches.
+  const uint64_t budget_blocks = budget_bytes / prm.block;
+  EXPECT_GT(s.evictions_dirty, 3 * budget_blocks) << s.to_string();
+  EXPECT_GT(s.faults_remote, 3 * budget_blocks) << s.to_string();
+  EXPECT_EQ(s.writeback_errors, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, PagerIntegrityTest,
+                         ::testing::Values(IntegrityParam{1, 4096, 20000},
+                                           IntegrityParam{2, 4096, 20000},
+                                           IntegrityParam{8, 4096, 20000},
+                                           IntegrityParam{2, 65536, 2500}),
+                         [](const auto& pinfo) {
+                           return std::to_string(pinfo.param.threads) + "threads_block" +
+                                  std::to_string(pinfo.param.block);
+                         });
+
+// Writes `pages` pages with version-0 contents starting at page `first`.
+void write_pages(uint8_t* mem, size_t first, size_t pages) {
+  for (size_t pg = first; pg < first + pages; ++pg) fill_page(mem + pg * kPage, pg, 0);
+}
+
+// Reads one byte of each page in [first, first+pages): pushes older pages
+// out of the budget without dirtying anything.
+void touch_pages(const uint8_t* mem, size_t first, size_t pages) {
+  auto* v = reinterpret_cast<const volatile uint8_t*>(mem);
+  for (size_t pg = first; pg < first + pages; ++pg) (void)v[pg * kPage];
+}
+
+// Invariant 4: two threads fault on a page whose READ is held: exactly one
+// READ is issued, both threads wait for it and see the right bytes.
+TEST(PagerTest, ConcurrentFaultsShareOneFetch) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  LoopbackRig rig;
+  PagerConfig c = small_config(128, 2048);
+  c.prefetch = false;
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  const size_t target = 7;
+  write_pages(mem, target, 1);
+  touch_pages(mem, 100, 1024);  // push it out: written back, dropped
+  ASSERT_TRUE(wait_until([&] { return p.state_of(mem + target * kPage) == PageState::kRemote; }));
+
+  std::atomic<bool> hold{true};
+  std::atomic<int> held_reads{0};
+  rig.donor.reset_counters();
+  rig.donor.set_faults({.hook = [&](const IoOp& op) {
+    if (op.kind == IoKind::kRead && hold.load()) {
+      ++held_reads;
+      return LoopbackVerdict{LoopbackVerdict::kDefer};
+    }
+    return LoopbackVerdict{};
+  }});
+  const uint64_t waited0 = p.stats().faults_waited;
+  std::vector<uint8_t> expect(kPage);
+  fill_page(expect.data(), target, 0);
+  std::atomic<int> ok{0}, finished{0};
+  auto reader = [&] {
+    if (memcmp(mem + target * kPage, expect.data(), kPage) == 0) ++ok;
+    ++finished;
+  };
+  std::thread a(reader), b(reader);
+  struct Release {
+    std::atomic<bool>& hold;
+    std::thread &a, &b;
+    ~Release() {
+      hold = false;
+      if (a.joinable()) a.join();
+      if (b.joinable()) b.join();
+    }
+  } release{hold, a, b};
+  ASSERT_TRUE(wait_until([&] { return held_reads.load() > 0; }));
+  ASSERT_TRUE(wait_until([&] { return p.stats().faults_waited > waited0; }))
+      << "the second fault never found the fetch in flight";
+  EXPECT_EQ(finished.load(), 0) << "a reader got through while the READ was held";
+  EXPECT_EQ(p.state_of(mem + target * kPage), PageState::kFetching);
+  hold = false;
+  a.join();
+  b.join();
+  EXPECT_EQ(ok.load(), 2);
+  EXPECT_EQ(rig.donor.reads(), 1u);
+  rig.donor.set_faults({});
+}
+
+// Invariants 1 and 4: a dirty page's WRITE is held during eviction; a fault
+// on that page waits for the WRITE, then reads the written bytes back; the
+// remote copy is byte-exact.
+TEST(PagerTest, FaultDuringWriteBackWaitsForTheWrite) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  LoopbackRig rig;
+  PagerConfig c = small_config(128, 4096);
+  c.prefetch = false;
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  const size_t target = 3;
+  std::atomic<bool> hold{true};
+  std::atomic<int> held_writes{0};
+  rig.donor.set_faults({.hook = [&](const IoOp& op) {
+    if (op.kind == IoKind::kWrite && hold.load()) {
+      ++held_writes;
+      return LoopbackVerdict{LoopbackVerdict::kDefer};
+    }
+    return LoopbackVerdict{};
+  }});
+  write_pages(mem, target, 1);
+  // Stream clean zero pages through the budget until the dirty page is in
+  // write-back, and stop there: the evictor is now held on that WRITE, and
+  // the round that started it freed enough budget for the stream so far.
+  auto* v = reinterpret_cast<volatile uint8_t*>(mem);
+  for (size_t pg = 1000; pg < 3000; ++pg) {
+    if (p.state_of(mem + target * kPage) == PageState::kWriting) break;
+    (void)v[pg * kPage];
+  }
+  ASSERT_TRUE(wait_until([&] { return p.state_of(mem + target * kPage) == PageState::kWriting; }))
+      << "state " << page_state_name(p.state_of(mem + target * kPage));
+  // The state changes before the WRITE reaches the donor's hook.
+  ASSERT_TRUE(wait_until([&] { return held_writes.load() > 0; }));
+
+  std::vector<uint8_t> expect(kPage);
+  fill_page(expect.data(), target, 0);
+  const uint64_t waited0 = p.stats().faults_waited;
+  std::atomic<bool> read_done{false};
+  std::atomic<int> ok{0};
+  std::thread reader([&] {
+    if (memcmp(mem + target * kPage, expect.data(), kPage) == 0) ++ok;
+    read_done = true;
+  });
+  // Only the reader can be waiting now: its fault found the WRITE in flight.
+  EXPECT_TRUE(wait_until([&] { return p.stats().faults_waited > waited0; }));
+  EXPECT_FALSE(read_done.load()) << "the fault did not wait for the WRITE in flight";
+  EXPECT_EQ(p.state_of(mem + target * kPage), PageState::kWriting);
+  EXPECT_EQ(rig.donor.writes(), 0u);
+  hold = false;
+  reader.join();
+  EXPECT_EQ(ok.load(), 1);
+  EXPECT_GE(rig.donor.writes(), 1u);
+  rig.donor.set_faults({});
+}
+
+// Invariant 1: failed WRITEs never lose data: the page stays local and
+// dirty, is written again later, and reads back byte-exact.
+TEST(PagerTest, FailedWriteBacksKeepTheData) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  LoopbackRig rig;
+  PagerConfig c = small_config(128, 4096);
+  c.prefetch = false;
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  std::atomic<int> to_fail{8};
+  rig.donor.set_faults({.hook = [&](const IoOp& op) {
+    if (op.kind == IoKind::kWrite && to_fail.fetch_sub(1) > 0) {
+      return LoopbackVerdict{LoopbackVerdict::kFail, Errc::kIo};
+    }
+    return LoopbackVerdict{};
+  }});
+  const size_t n = 64;
+  write_pages(mem, 0, n);
+  touch_pages(mem, 1000, 2048);
+  std::vector<uint8_t> expect(kPage);
+  for (size_t pg = 0; pg < n; ++pg) {
+    fill_page(expect.data(), pg, 0);
+    ASSERT_EQ(memcmp(mem + pg * kPage, expect.data(), kPage), 0) << "page " << pg;
+  }
+  PagerStats s = p.stats();
+  EXPECT_EQ(s.writeback_errors, 8u);
+  EXPECT_GE(s.evictions_dirty, n);
+  rig.donor.set_faults({});
+}
+
+// Invariant 5 under slow I/O: with latency on every op the budget still
+// holds (the counter and the kernel's view).
+TEST(PagerTest, BudgetHoldsWithSlowDonor) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  LoopbackRig rig;
+  const size_t budget = 256, region = 2560;
+  P& p = rig.start(small_config(budget, region));
+  rig.donor.set_faults({.latency_us = 50, .jitter_us = 50, .reorder = true});
+  auto* mem = static_cast<uint8_t*>(p.base());
+  size_t max_mapped = 0;
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 6000; ++i) {
+    size_t pg = rng() % region;
+    mem[pg * kPage + (rng() % kPage)] ^= 1;
+    if (i % 256 == 0) max_mapped = std::max(max_mapped, mapped_pages(mem, region * kPage));
+  }
+  EXPECT_LE(max_mapped * kPage, budget * kPage + P::kSlackBytes);
+  EXPECT_LE(p.stats().resident_peak_bytes, budget * kPage + P::kSlackBytes);
+  rig.donor.set_faults({});
+}
+
+// Invariant 6: the donor is lost and a page lived only there: the process
+// dies naming the donor and the address, never reads zeros.
+TEST(PagerDeathTest, LostDonorIsFatalAndNamed) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto body = [] {
+    LoopbackRig rig;
+    PagerConfig c = small_config(128, 4096);
+    c.prefetch = false;
+    P& p = rig.start(c);
+    auto* mem = static_cast<uint8_t*>(p.base());
+    write_pages(mem, 0, 1);
+    touch_pages(mem, 1000, 1024);
+    if (!wait_until([&] { return p.state_of(mem) == PageState::kRemote; })) _exit(3);
+    rig.donor.kill();
+    volatile uint8_t v = mem[100];  // fault -> READ -> unavailable -> fatal
+    (void)v;
+    _exit(4);  // reached only if the read returned
+  };
+  EXPECT_DEATH(body(),
+               "far memory lost: the page at 0x[0-9a-f]+ .*could not be read from donor "
+               "loopback donor 0 \\(unavailable\\)");
+}
+
+// A sequential scan over written-back pages is served mostly by prefetched
+// blocks: few demand READs, and the prefetched blocks are counted as used.
+TEST(PagerTest, SequentialScanHitsPrefetchedPages) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  LoopbackRig rig;
+  PagerConfig c = small_config(256, 4096);
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  const size_t n = 2048;
+  write_pages(mem, 0, n);
+  touch_pages(mem, 3000, 512);  // the start of the written range is remote now
+  const PagerStats before = p.stats();
+  std::vector<uint8_t> expect(kPage);
+  for (size_t pg = 0; pg < n; ++pg) {
+    fill_page(expect.data(), pg, 0);
+    ASSERT_EQ(memcmp(mem + pg * kPage, expect.data(), kPage), 0) << "page " << pg;
+  }
+  const PagerStats s = p.stats();
+  const uint64_t used = s.prefetch_used - before.prefetch_used;
+  const uint64_t demand = s.faults_remote - before.faults_remote;
+  EXPECT_GT(used, n * 3 / 4) << s.to_string();
+  EXPECT_LT(demand, n / 8) << s.to_string();
+  EXPECT_LE(s.prefetch_used, s.prefetch_issued);
+  printf("scan: %s\n", s.to_string().c_str());
+}
+
+// discard(): the range reads as zeros again, its remote space is freed and
+// no I/O is needed for it.
+TEST(PagerTest, DiscardMakesPagesZeroAndFreesRemote) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  LoopbackRig rig;
+  PagerConfig c = small_config(128, 4096);
+  c.prefetch = false;
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  write_pages(mem, 0, 256);  // half resident, half written back
+  ASSERT_TRUE(wait_until([&] { return p.stats().evictions_dirty > 0; }));
+  ASSERT_TRUE(p.discard(mem, 256 * kPage).ok());
+  EXPECT_EQ(p.stats().remote_bytes, 0u);
+  rig.donor.reset_counters();
+  for (size_t pg = 0; pg < 256; ++pg) {
+    for (size_t i = 0; i < kPage; i += 1024) ASSERT_EQ(mem[pg * kPage + i], 0) << pg;
+  }
+  EXPECT_EQ(rig.donor.reads(), 0u);
+  Status bad = p.discard(mem + 1, kPage);
+  EXPECT_EQ(bad.code(), Errc::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace farmem::testing

@@ -1,0 +1,315 @@
+#include "runtime/slab_pool.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace farmem {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kSlab = 64 << 10;
+
+std::unique_ptr<SlabPool> make_pool(uint64_t slabs, uint64_t quota = 0,
+                                    SlabRegistrar* reg = nullptr) {
+  SlabPoolOptions o;
+  o.capacity = slabs * kSlab;
+  o.slab_size = kSlab;
+  o.quota_per_owner = quota;
+  o.try_hugepages = false;
+  o.registrar = reg;
+  auto p = SlabPool::create(o);
+  EXPECT_TRUE(p.ok()) << p.status().to_string();
+  return p.ok() ? std::move(*p) : nullptr;
+}
+
+bool all_zero(const uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (p[i] != 0) return false;
+  return true;
+}
+
+TEST(SlabPool, CapacityMustBeAMultipleOfTheSlabSize) {
+  SlabPoolOptions o;
+  o.capacity = 3 * kSlab + 4096;
+  o.slab_size = kSlab;
+  auto p = SlabPool::create(o);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), Errc::kInvalidArgument);
+  EXPECT_THAT(p.status().message(), HasSubstr("not a positive multiple of the slab size"));
+  EXPECT_THAT(p.status().message(), HasSubstr("e.g. 196608"));  // rounded down to whole slabs
+}
+
+TEST(SlabPool, SlabSizeMustBeWholePages) {
+  SlabPoolOptions o;
+  o.capacity = 1 << 20;
+  o.slab_size = 1000;
+  auto p = SlabPool::create(o);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), Errc::kInvalidArgument);
+  EXPECT_THAT(p.status().message(), HasSubstr("page size"));
+}
+
+TEST(SlabPool, LeaseRoundsUpToSlabsAndDescribesThem) {
+  auto pool = make_pool(8);
+  auto r = pool->lease(7, kSlab + 1);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->size(), 2u);
+  EXPECT_NE((*r)[0].slab, (*r)[1].slab);
+  for (const auto& d : *r) {
+    EXPECT_EQ(d.size, kSlab);
+    EXPECT_EQ(d.rkey, 0u);  // tcp: no registration
+    EXPECT_EQ(d.addr, 0u);
+    EXPECT_LT(d.slab, 8u);
+    EXPECT_EQ(pool->owner_of(d.slab), 7u);
+  }
+  EXPECT_EQ(pool->leased_bytes(), 2 * kSlab);
+  EXPECT_EQ(pool->leased_bytes(7), 2 * kSlab);
+  EXPECT_EQ(pool->leased_bytes(8), 0u);
+  EXPECT_EQ(pool->free_slabs(), 6u);
+}
+
+TEST(SlabPool, RefusesBadLeases) {
+  auto pool = make_pool(4);
+  auto zero = pool->lease(7, 0);
+  ASSERT_FALSE(zero.ok());
+  EXPECT_EQ(zero.status().code(), Errc::kInvalidArgument);
+  auto nobody = pool->lease(0, kSlab);
+  ASSERT_FALSE(nobody.ok());
+  EXPECT_EQ(nobody.status().code(), Errc::kInvalidArgument);
+  auto huge = pool->lease(7, UINT64_MAX);  // must not wrap into a small request
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), Errc::kResourceExhausted);
+  EXPECT_THAT(huge.status().message(), HasSubstr("capacity"));
+  EXPECT_EQ(pool->leased_bytes(), 0u);
+}
+
+TEST(SlabPool, LeaseIsAllOrNothingAndNeverExceedsCapacity) {
+  auto pool = make_pool(4);
+  ASSERT_TRUE(pool->lease(1, 3 * kSlab).ok());
+  auto r = pool->lease(2, 2 * kSlab);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Errc::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), HasSubstr("only 1 of 4"));
+  EXPECT_EQ(pool->leased_bytes(), 3 * kSlab);
+  EXPECT_EQ(pool->leased_bytes(2), 0u);
+  auto beyond = pool->lease(2, 5 * kSlab);
+  ASSERT_FALSE(beyond.ok());
+  EXPECT_THAT(beyond.status().message(), HasSubstr("whole capacity"));
+  ASSERT_TRUE(pool->lease(2, kSlab).ok());
+  EXPECT_EQ(pool->leased_bytes(), 4 * kSlab);
+  EXPECT_EQ(pool->free_slabs(), 0u);
+}
+
+TEST(SlabPool, QuotaLimitsEachOwnerSeparately) {
+  auto pool = make_pool(8, 3 * kSlab);
+  EXPECT_EQ(pool->quota(), 3 * kSlab);
+  ASSERT_TRUE(pool->lease(1, 2 * kSlab).ok());
+  auto r = pool->lease(1, 2 * kSlab);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Errc::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), HasSubstr("quota"));
+  ASSERT_TRUE(pool->lease(1, kSlab).ok());  // exactly up to the quota
+  ASSERT_TRUE(pool->lease(2, 3 * kSlab).ok());
+  EXPECT_EQ(pool->leased_bytes(), 6 * kSlab);
+}
+
+TEST(SlabPool, ReleaseChecksTheOwner) {
+  auto pool = make_pool(4);
+  auto a = pool->lease(1, kSlab);
+  ASSERT_TRUE(a.ok());
+  uint32_t s = (*a)[0].slab;
+  Status st = pool->release(2, s);
+  EXPECT_EQ(st.code(), Errc::kPermissionDenied);
+  EXPECT_EQ(pool->owner_of(s), 1u);
+  uint32_t unleased = s == 0 ? 1 : 0;
+  EXPECT_EQ(pool->release(1, unleased).code(), Errc::kNotFound);
+  EXPECT_EQ(pool->release(1, 4).code(), Errc::kNotFound);  // no such slab
+  EXPECT_EQ(pool->release(1, UINT32_MAX).code(), Errc::kNotFound);
+  ASSERT_TRUE(pool->release(1, s).ok());
+  EXPECT_EQ(pool->release(1, s).code(), Errc::kNotFound);  // twice
+  EXPECT_EQ(pool->leased_bytes(), 0u);
+  EXPECT_EQ(pool->free_slabs(), 4u);
+}
+
+TEST(SlabPool, PinChecksOwnerAndRange) {
+  auto pool = make_pool(4);
+  auto a = pool->lease(1, kSlab);
+  ASSERT_TRUE(a.ok());
+  uint32_t s = (*a)[0].slab;
+  uint8_t* p = nullptr;
+  ASSERT_EQ(pool->pin(1, s, kSlab - 4096, 4096, &p), Errc::kOk);  // ends exactly at the end
+  EXPECT_EQ(p, pool->slab_addr(s) + kSlab - 4096);
+  pool->unpin(s);
+  EXPECT_EQ(pool->pin(2, s, 0, 1, &p), Errc::kPermissionDenied);
+  EXPECT_EQ(pool->pin(1, s, kSlab - 4095, 4096, &p), Errc::kOutOfRange);
+  EXPECT_EQ(pool->pin(1, s, kSlab, 1, &p), Errc::kOutOfRange);
+  EXPECT_EQ(pool->pin(1, s, UINT64_MAX, 2, &p), Errc::kOutOfRange);  // no wrap-around
+  EXPECT_EQ(pool->pin(1, s, 8, UINT64_MAX, &p), Errc::kOutOfRange);
+  EXPECT_EQ(pool->pin(1, s == 0 ? 1 : 0, 0, 1, &p), Errc::kNotFound);
+  EXPECT_EQ(pool->pin(1, 99, 0, 1, &p), Errc::kNotFound);
+  // Another owner's out-of-range request learns nothing about the range.
+  EXPECT_EQ(pool->pin(2, s, kSlab, 1, &p), Errc::kPermissionDenied);
+}
+
+TEST(SlabPool, ReleasedSlabIsZeroedBeforeTheNextOwner) {
+  auto pool = make_pool(1);
+  auto a = pool->lease(1, kSlab);
+  ASSERT_TRUE(a.ok());
+  uint8_t* p = nullptr;
+  ASSERT_EQ(pool->pin(1, 0, 0, kSlab, &p), Errc::kOk);
+  std::memset(p, 0xA5, kSlab);
+  pool->unpin(0);
+  ASSERT_TRUE(pool->release(1, 0).ok());
+  auto b = pool->lease(2, kSlab);
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ((*b)[0].slab, 0u);
+  ASSERT_EQ(pool->pin(2, 0, 0, kSlab, &p), Errc::kOk);
+  EXPECT_TRUE(all_zero(p, kSlab));
+  pool->unpin(0);
+}
+
+TEST(SlabPool, PinnedSlabDrainsBeforeReuse) {
+  auto pool = make_pool(1);
+  ASSERT_TRUE(pool->lease(1, kSlab).ok());
+  uint8_t* p = nullptr;
+  ASSERT_EQ(pool->pin(1, 0, 0, kSlab, &p), Errc::kOk);
+  EXPECT_EQ(pool->release_all(1), 1u);
+  // The owner is gone at once, the slab is not lendable yet.
+  EXPECT_EQ(pool->leased_bytes(), 0u);
+  EXPECT_EQ(pool->owner_of(0), 0u);
+  EXPECT_EQ(pool->free_slabs(), 0u);
+  uint8_t* q = nullptr;
+  EXPECT_EQ(pool->pin(1, 0, 0, 1, &q), Errc::kNotFound);
+  auto r = pool->lease(2, kSlab);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Errc::kResourceExhausted);
+  // The in-flight I/O finishes writing, then lets go.
+  std::memset(p, 0x5A, kSlab);
+  pool->unpin(0);
+  EXPECT_EQ(pool->free_slabs(), 1u);
+  auto b = pool->lease(2, kSlab);
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ(pool->pin(2, 0, 0, kSlab, &p), Errc::kOk);
+  EXPECT_TRUE(all_zero(p, kSlab));
+  pool->unpin(0);
+}
+
+TEST(SlabPool, ReleaseAllReturnsEverySlabOfOneOwner) {
+  auto pool = make_pool(8);
+  ASSERT_TRUE(pool->lease(1, 3 * kSlab).ok());
+  ASSERT_TRUE(pool->lease(2, 2 * kSlab).ok());
+  ASSERT_TRUE(pool->lease(1, kSlab).ok());
+  EXPECT_EQ(pool->release_all(1), 4u);
+  EXPECT_EQ(pool->release_all(1), 0u);
+  EXPECT_EQ(pool->leased_bytes(), 2 * kSlab);
+  EXPECT_EQ(pool->leased_bytes(2), 2 * kSlab);
+  EXPECT_EQ(pool->free_slabs(), 6u);
+}
+
+class FakeRegistrar : public SlabRegistrar {
+ public:
+  Status register_region(uint8_t* base, uint64_t length) override {
+    ++regions;
+    region_base = base;
+    region_len = length;
+    return ok_status();
+  }
+  Status describe(LeaseOwner owner, wire::SlabDesc* d, uint8_t* addr) override {
+    d->rkey = static_cast<uint32_t>(owner * 1000 + d->slab);
+    d->addr = reinterpret_cast<uint64_t>(addr);
+    ++described;
+    return ok_status();
+  }
+  void forget(LeaseOwner, uint32_t) noexcept override { ++forgotten; }
+  bool pins_pages() const noexcept override { return true; }  // memset path
+
+  int regions = 0, described = 0, forgotten = 0;
+  uint8_t* region_base = nullptr;
+  uint64_t region_len = 0;
+};
+
+TEST(SlabPool, RegistrarHookSeesTheRegionOnceAndEveryLease) {
+  FakeRegistrar reg;
+  auto pool = make_pool(4, 0, &reg);
+  EXPECT_EQ(reg.regions, 1);
+  EXPECT_EQ(reg.region_base, pool->slab_addr(0));
+  EXPECT_EQ(reg.region_len, 4 * kSlab);
+  auto a = pool->lease(3, 2 * kSlab);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(reg.described, 2);
+  for (const auto& d : *a) {
+    EXPECT_EQ(d.rkey, 3000 + d.slab);
+    EXPECT_EQ(d.addr, reinterpret_cast<uint64_t>(pool->slab_addr(d.slab)));
+  }
+  uint8_t* p = nullptr;
+  uint32_t s = (*a)[0].slab;
+  ASSERT_EQ(pool->pin(3, s, 0, kSlab, &p), Errc::kOk);
+  std::memset(p, 0x77, kSlab);
+  pool->unpin(s);
+  EXPECT_EQ(pool->release_all(3), 2u);
+  EXPECT_EQ(reg.forgotten, 2);
+  EXPECT_EQ(reg.regions, 1);
+  EXPECT_TRUE(all_zero(pool->slab_addr(s), kSlab));  // zeroed by memset, frames kept
+}
+
+TEST(SlabPool, HugePagesRequestedStillGivesUsableMemory) {
+  // Whether MAP_HUGETLB works depends on the machine (nr_hugepages); either
+  // way the pool must serve zeroed memory.
+  SlabPoolOptions o;
+  o.capacity = 4 << 20;
+  o.slab_size = 2 << 20;
+  o.try_hugepages = true;
+  auto p = SlabPool::create(o);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  auto a = (*p)->lease(1, 2 << 20);
+  ASSERT_TRUE(a.ok());
+  uint8_t* m = nullptr;
+  ASSERT_EQ((*p)->pin(1, (*a)[0].slab, 0, 2 << 20, &m), Errc::kOk);
+  EXPECT_TRUE(all_zero(m, 2 << 20));
+  std::memset(m, 1, 2 << 20);
+  (*p)->unpin((*a)[0].slab);
+  ASSERT_TRUE((*p)->release(1, (*a)[0].slab).ok());
+  auto b = (*p)->lease(2, 4 << 20);
+  ASSERT_TRUE(b.ok());
+  for (const auto& d : *b) EXPECT_TRUE(all_zero((*p)->slab_addr(d.slab), 2 << 20));
+}
+
+TEST(SlabPool, ConcurrentLeasesNeverShareASlabOrExceedCapacity) {
+  constexpr uint32_t kSlabs = 16;
+  auto pool = make_pool(kSlabs);
+  std::vector<std::atomic<uint64_t>> owner(kSlabs);
+  std::atomic<bool> bad{false};
+  std::vector<std::thread> ts;
+  for (uint64_t t = 1; t <= 4; ++t) {
+    ts.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<uint32_t>(t));
+      for (int i = 0; i < 400; ++i) {
+        auto r = pool->lease(t, (rng() % 4 + 1) * kSlab);
+        if (!r.ok()) continue;
+        for (const auto& d : *r) {
+          uint64_t zero = 0;
+          if (!owner[d.slab].compare_exchange_strong(zero, t)) bad = true;
+        }
+        if (pool->leased_bytes() > kSlabs * kSlab) bad = true;
+        for (const auto& d : *r) {
+          owner[d.slab].store(0);
+          if (!pool->release(t, d.slab).ok()) bad = true;
+        }
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_FALSE(bad.load());
+  EXPECT_EQ(pool->leased_bytes(), 0u);
+  EXPECT_EQ(pool->free_slabs(), kSlabs);
+}
+
+}  // namespace
+}  // namespace farmem
