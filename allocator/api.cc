@@ -17,8 +17,8 @@ std::atomic<uint64_t> g_local_fallbacks{0};
 
 namespace {
 
-std::mutex g_mu;                          // serialises start / shutdown
-std::atomic<FarRuntime*> g_rt{nullptr};   // owned; set under g_mu
+std::mutex g_mu;                         // serialises start / shutdown
+std::atomic<FarRuntime*> g_rt{nullptr};  // owned; set under g_mu
 __thread char t_error[512] __attribute__((tls_model("initial-exec")));
 
 // Sets errno and the message; returns -1 for `return fail(...)`.
@@ -66,19 +66,31 @@ FarRuntime* api_runtime() noexcept {
 
 int errno_of(Errc e) noexcept {
   switch (e) {
-    case Errc::kOk: return 0;
+    case Errc::kOk:
+      return 0;
     case Errc::kInvalidArgument:
-    case Errc::kOutOfRange: return EINVAL;
-    case Errc::kPermissionDenied: return EPERM;
-    case Errc::kUnauthenticated: return EACCES;
-    case Errc::kResourceExhausted: return ENOMEM;
-    case Errc::kUnavailable: return ECONNREFUSED;
-    case Errc::kTimeout: return ETIMEDOUT;
-    case Errc::kVersionMismatch: return EPROTO;
-    case Errc::kProtocol: return EPROTO;
-    case Errc::kNotFound: return ENOENT;
-    case Errc::kCancelled: return ECANCELED;
-    default: return EIO;
+    case Errc::kOutOfRange:
+      return EINVAL;
+    case Errc::kPermissionDenied:
+      return EPERM;
+    case Errc::kUnauthenticated:
+      return EACCES;
+    case Errc::kResourceExhausted:
+      return ENOMEM;
+    case Errc::kUnavailable:
+      return ECONNREFUSED;
+    case Errc::kTimeout:
+      return ETIMEDOUT;
+    case Errc::kVersionMismatch:
+      return EPROTO;
+    case Errc::kProtocol:
+      return EPROTO;
+    case Errc::kNotFound:
+      return ENOENT;
+    case Errc::kCancelled:
+      return ECANCELED;
+    default:
+      return EIO;
   }
 }
 
@@ -283,8 +295,7 @@ void* fm_aligned_alloc(size_t alignment, size_t size) noexcept {
   FarHeap* h = heap_or_fail("fm_aligned_alloc");
   if (h == nullptr) return nullptr;
   if (size > h->backing().size() || alignment > h->backing().size() / 2) {
-    fail(ENOMEM, "fm_aligned_alloc(%zu, %zu): larger than the far region allows", alignment,
-         size);
+    fail(ENOMEM, "fm_aligned_alloc(%zu, %zu): larger than the far region allows", alignment, size);
     return nullptr;
   }
   void* p = h->alloc_aligned(alignment, size);

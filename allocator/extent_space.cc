@@ -31,9 +31,9 @@ ExtentSpace::ExtentSpace(FarBacking* backing, size_t free_list_capacity)
       free_(new Range[free_list_capacity < 2 ? 2 : free_list_capacity]),
       free_cap_(free_list_capacity < 2 ? 2 : free_list_capacity) {
   FARMEM_BUG_ON(base_ % kPage != 0);
-  hooks_.table = extent_hooks_t{&hook_alloc,  &hook_dalloc, &hook_destroy,
-                                &hook_commit, &hook_decommit, &hook_purge,
-                                &hook_purge,  &hook_split,    &hook_merge};
+  hooks_.table =
+      extent_hooks_t{&hook_alloc, &hook_dalloc, &hook_destroy, &hook_commit, &hook_decommit,
+                     &hook_purge, &hook_purge,  &hook_split,   &hook_merge};
   hooks_.self = this;
 }
 

@@ -72,8 +72,8 @@ class ExtentSpace {
     uint64_t bump_bytes = 0;   // high-water mark of the bump pointer
     uint64_t free_bytes = 0;   // on the free list
     uint64_t free_ranges = 0;  // entries on the free list
-    uint64_t allocs = 0, dallocs = 0, dalloc_refused = 0, destroys = 0, commits = 0,
-             decommits = 0, purges = 0, splits = 0, merges = 0;
+    uint64_t allocs = 0, dallocs = 0, dalloc_refused = 0, destroys = 0, commits = 0, decommits = 0,
+             purges = 0, splits = 0, merges = 0;
     uint64_t dropped_bytes = 0;  // total handed to drop()
     uint64_t leaked_bytes = 0;   // destroyed with a full free list
   };
@@ -110,11 +110,11 @@ class ExtentSpace {
   Bound hooks_;
 
   mutable std::mutex mu_;
-  uintptr_t bump_;                    // guarded by mu_
-  std::unique_ptr<Range[]> free_;     // sorted by begin, disjoint, not adjacent; guarded by mu_
-  size_t n_free_ = 0;                 // guarded by mu_
+  uintptr_t bump_;                 // guarded by mu_
+  std::unique_ptr<Range[]> free_;  // sorted by begin, disjoint, not adjacent; guarded by mu_
+  size_t n_free_ = 0;              // guarded by mu_
   const size_t free_cap_;
-  uint64_t free_bytes_ = 0;           // guarded by mu_
+  uint64_t free_bytes_ = 0;  // guarded by mu_
 
   std::atomic<uint64_t> allocs_{0}, dallocs_{0}, dalloc_refused_{0}, destroys_{0}, commits_{0},
       decommits_{0}, purges_{0}, splits_{0}, merges_{0}, dropped_bytes_{0}, leaked_bytes_{0};

@@ -19,15 +19,13 @@ const char* farmem_je_malloc_conf = "narenas:1,tcache:false,background_thread:fa
 namespace farmem {
 
 FarHeap::FarHeap(FarBacking* b, const FarHeapOptions& o)
-    : backing_(b),
-      opts_(o),
-      base_(reinterpret_cast<uintptr_t>(b->base())),
-      size_(b->size()) {}
+    : backing_(b), opts_(o), base_(reinterpret_cast<uintptr_t>(b->base())), size_(b->size()) {}
 
 Result<std::unique_ptr<FarHeap>> FarHeap::create(FarBacking* backing, const FarHeapOptions& o) {
   LocalScope local;
   if (!backing || !backing->base() || backing->size() == 0) {
-    return make_error(Errc::kInvalidArgument, "FarHeap::create: a non-empty pager region is needed");
+    return make_error(Errc::kInvalidArgument,
+                      "FarHeap::create: a non-empty pager region is needed");
   }
   std::unique_ptr<FarHeap> h(new FarHeap(backing, o));
   FARMEM_RETURN_IF_ERROR(h->init());

@@ -69,10 +69,10 @@ class TcpRuntime final : public FarRuntime {
   explicit TcpRuntime(const FarOptions& o) : FarRuntime(o) {}
   ~TcpRuntime() override {
     LocalScope local;
-    heap_.reset();     // 5
+    heap_.reset();  // 5
     backing_.reset();
-    pager_.reset();    // 4
-    source_.reset();   // 3
+    pager_.reset();      // 4
+    source_.reset();     // 3
     transport_.reset();  // 2
     sessions_.clear();   // 1
   }
@@ -101,8 +101,7 @@ class TcpRuntime final : public FarRuntime {
       co.connect_timeout_ms = opts_.connect_timeout_ms;
       auto s = DonorSession::connect(co);
       if (!s.ok()) {
-        failures += (failures.empty() ? "" : "; ") + ep.to_string() + ": " +
-                    s.status().to_string();
+        failures += (failures.empty() ? "" : "; ") + ep.to_string() + ": " + s.status().to_string();
         if (s.status().code() == Errc::kUnauthenticated) {
           return make_error(Errc::kUnauthenticated,
                             "donor %s refused our token (%s); check FARMEM_TOKEN_FILE matches "
@@ -122,8 +121,7 @@ class TcpRuntime final : public FarRuntime {
     transport_ = std::make_unique<TcpTransport>();
     std::vector<std::unique_ptr<SlabSource>> srcs;
     for (size_t i = 0; i < sessions_.size(); ++i) {
-      FARMEM_RETURN_IF_ERROR(
-          transport_->add_server(static_cast<ServerId>(i), sessions_[i].get()));
+      FARMEM_RETURN_IF_ERROR(transport_->add_server(static_cast<ServerId>(i), sessions_[i].get()));
       srcs.push_back(
           std::make_unique<DonorSessionSlabSource>(static_cast<ServerId>(i), sessions_[i].get()));
     }

@@ -24,12 +24,12 @@ enum class NoDonorPolicy { kFail, kLocal };
 
 struct FarOptions {
   FarTransport transport = FarTransport::kTcp;
-  std::vector<Endpoint> servers;  // tcp: the donors (FARMEM_SERVERS)
-  std::string token_file;         // empty: no token (only --insecure donors accept)
+  std::vector<Endpoint> servers;            // tcp: the donors (FARMEM_SERVERS)
+  std::string token_file;                   // empty: no token (only --insecure donors accept)
   uint64_t loopback_capacity = 1ull << 30;  // loopback: the in-process donor's size
-  uint64_t region_size = 0;  // 0: the donors' capacity (sum) / loopback_capacity
-  PagerConfig pager;         // local budget, block size, handler threads, prefetch
-  int64_t decay_ms = 1000;   // freed far pages are dropped after this long
+  uint64_t region_size = 0;                 // 0: the donors' capacity (sum) / loopback_capacity
+  PagerConfig pager;                        // local budget, block size, handler threads, prefetch
+  int64_t decay_ms = 1000;                  // freed far pages are dropped after this long
   int connect_timeout_ms = 3000;
   // Preload library only.
   uint64_t min_far = 16 << 10;  // smaller allocations stay local

@@ -182,6 +182,7 @@ void BM_PagerScan(benchmark::State& state) {
   const size_t n = 16384;
   push_out(mem, n, 4096);
   auto* v = reinterpret_cast<volatile char*>(mem);
+  const PagerStats b = rig.p->stats();
   double total = 0;
   for (auto _ : state) {
     total = time_us([&] {
@@ -189,10 +190,14 @@ void BM_PagerScan(benchmark::State& state) {
     });
   }
   PagerStats s = rig.p->stats();
+  auto d = [](uint64_t after, uint64_t before) { return static_cast<double>(after - before); };
   state.counters["us_per_page"] = total / static_cast<double>(n);
-  state.counters["remote_faults"] = static_cast<double>(s.faults_remote);
-  state.counters["prefetch_used"] = static_cast<double>(s.prefetch_used);
-  state.counters["prefetch_issued"] = static_cast<double>(s.prefetch_issued);
+  state.counters["remote_faults"] = d(s.faults_remote, b.faults_remote);
+  state.counters["faults"] = d(s.faults_remote + s.faults_victim + s.faults_zero + s.faults_wp,
+                               b.faults_remote + b.faults_victim + b.faults_zero + b.faults_wp);
+  state.counters["prefetch_used"] = d(s.prefetch_used, b.prefetch_used);
+  state.counters["prefetch_mapped"] = d(s.prefetch_mapped, b.prefetch_mapped);
+  state.counters["prefetch_issued"] = d(s.prefetch_issued, b.prefetch_issued);
 }
 
 BENCHMARK(BM_KernelFirstTouch)->Iterations(1)->Unit(benchmark::kMillisecond);

@@ -14,7 +14,8 @@
 // TcpTransport queue, or its own socket), i.e. 2 connections are driven by 2
 // threads. Counters: items_per_second = ops/s and bytes_per_second summed
 // over the connections; p50_us / p99_us = latency of one op from its post
-// to its reaping, averaged over the threads. Both clients work the same way:
+// to its reaping, averaged over the threads; ops_per_wake = replies
+// collected per blocking wait()/recv(). Both clients work the same way:
 // reap what has arrived, repost that many in one call, block for more.
 #include <benchmark/benchmark.h>
 #include <sys/socket.h>
@@ -145,8 +146,13 @@ Env& env() {
 }
 
 // Latency samples of one thread -> p50 / p99 counters.
-void report(benchmark::State& state, std::vector<uint64_t>& lat_ns) {
+void report(benchmark::State& state, std::vector<uint64_t>& lat_ns, uint64_t wakeups) {
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
+  // How many replies one blocking call brought back on average.
+  if (wakeups > 0)
+    state.counters["ops_per_wake"] =
+        benchmark::Counter(static_cast<double>(state.iterations()) / static_cast<double>(wakeups),
+                           benchmark::Counter::kAvgThreads);
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * kIoSize);
   if (lat_ns.empty()) return;
   std::sort(lat_ns.begin(), lat_ns.end());
@@ -183,6 +189,7 @@ void bm_transport(benchmark::State& state, IoKind kind, size_t qd) {
 
   IoCompletion comp[kMaxDepth];
   size_t nc = 0, ci = 0;
+  uint64_t wakeups = 0;
   Clock::time_point reaped;
   for (auto _ : state) {
     if (ci == nc) {
@@ -193,6 +200,7 @@ void bm_transport(benchmark::State& state, IoKind kind, size_t qd) {
         repost.clear();
       }
       nc = q->wait(comp, 5000);
+      ++wakeups;
       ci = 0;
       reaped = Clock::now();
       if (nc == 0) {
@@ -212,7 +220,7 @@ void bm_transport(benchmark::State& state, IoKind kind, size_t qd) {
     if (q->wait(comp, 5000) == 0) fatal("drain timed out");
   q.reset();
   (void)e.transport->unregister_buffer(buf.data());
-  report(state, lat);
+  report(state, lat, wakeups);
 }
 
 void bm_bare(benchmark::State& state, size_t qd) {
@@ -230,6 +238,7 @@ void bm_bare(benchmark::State& state, size_t qd) {
   if (send_all(fd->get(), req.data(), req.size()) != Errc::kOk) fatal("send");
 
   size_t ready = 0, resend = 0;
+  uint64_t wakeups = 0;
   Clock::time_point reaped;
   for (auto _ : state) {
     if (ready == 0) {
@@ -240,6 +249,7 @@ void bm_bare(benchmark::State& state, size_t qd) {
         resend = 0;
       }
       while (ready == 0) {
+        ++wakeups;
         ssize_t n = ::recv(fd->get(), rx.data() + rx_have, rx.size() - rx_have, 0);
         if (n <= 0) fatal("recv from the echo server failed");
         rx_have += static_cast<size_t>(n);
@@ -260,7 +270,7 @@ void bm_bare(benchmark::State& state, size_t qd) {
     if (n <= 0) break;
     left -= static_cast<size_t>(n);
   }
-  report(state, lat);
+  report(state, lat, wakeups);
 }
 
 void register_all() {

@@ -93,18 +93,26 @@ void check_refusal(const Status& st) {
 }
 
 // `frame` is a whole encoded frame; its payload must equal `orig` except in
-// the pad bytes [pad_begin, pad_end), which must be zero.
-void check_reencoded(const std::vector<uint8_t>& frame, std::span<const uint8_t> orig,
-                     size_t pad_begin = 0, size_t pad_end = 0) {
+// the bytes `is_pad(i)` names, which are ignored on receipt and must be
+// zero when sent.
+template <class IsPad>
+void check_reencoded_masked(const std::vector<uint8_t>& frame, std::span<const uint8_t> orig,
+                            IsPad is_pad) {
   FUZZ_CHECK(frame.size() == kHeaderSize + orig.size());
   const uint8_t* p = frame.data() + kHeaderSize;
   for (size_t i = 0; i < orig.size(); ++i) {
-    if (i >= pad_begin && i < pad_end) {
+    if (is_pad(i)) {
       FUZZ_CHECK(p[i] == 0);
     } else {
       FUZZ_CHECK(p[i] == orig[i]);
     }
   }
+}
+
+// As above with one pad range [pad_begin, pad_end).
+void check_reencoded(const std::vector<uint8_t>& frame, std::span<const uint8_t> orig,
+                     size_t pad_begin = 0, size_t pad_end = 0) {
+  check_reencoded_masked(frame, orig, [&](size_t i) { return i >= pad_begin && i < pad_end; });
 }
 
 // Runs the decoder that matches the frame's type and checks the round trip.
@@ -203,6 +211,31 @@ void check_payload(const Header& h, std::span<const uint8_t> p) {
       FUZZ_CHECK(back == code || back == static_cast<uint16_t>(Errc::kInternal));
       FUZZ_CHECK(std::memcmp(out.data() + kHeaderSize + 4, p.data() + 4, p.size() - 4) == 0);
       return;
+    }
+    case MsgType::kClients: {
+      ClientsReq m;
+      Status st = decode_clients(p, &m);
+      if (!st.ok()) return check_refusal(st);
+      encode_clients(out, h.tag, m);
+      return check_reencoded(out, p);
+    }
+    case MsgType::kClientsReply: {
+      ClientsReply m;
+      Status st = decode_clients_reply(p, &m);
+      if (!st.ok()) return check_refusal(st);
+      FUZZ_CHECK(m.clients.size() <= kMaxClientsPerReply);
+      for (size_t i = 1; i < m.clients.size(); ++i)
+        FUZZ_CHECK(m.clients[i - 1].session_id < m.clients[i].session_id);
+      encode_clients_reply(out, h.tag, m);
+      // Pad: byte 7; in each entry bytes 74..79 and the peer field past
+      // its length.
+      return check_reencoded_masked(out, p, [&](size_t i) {
+        if (i < 8) return i == 7;
+        size_t entry = (i - 8) / kClientInfoSize;
+        size_t at = (i - 8) % kClientInfoSize;
+        if (at >= 74 && at < 80) return true;
+        return at >= 80 + m.clients[entry].peer.size();
+      });
     }
     case MsgType::kReadData:
       return;  // raw bytes, nothing to decode

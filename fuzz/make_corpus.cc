@@ -130,6 +130,28 @@ std::vector<Seed> seeds() {
     encode_error(b, 9, Errc::kOutOfRange,
                  "READ of 4096 bytes at offset 67108864 is outside slab 1");
   });
+  add("clients", [](Bytes& b) { encode_clients(b, 10, ClientsReq{0}); });
+  add("clients-reply", [](Bytes& b) {
+    ClientsReply r;
+    r.total = 3;
+    r.more = true;
+    for (uint64_t i = 1; i <= 2; ++i) {
+      ClientInfo c;
+      c.session_id = i * 100;
+      c.client_id = i;
+      c.leased = 64ull << 20;
+      c.bytes_read = 4096 * i;
+      c.bytes_written = 8192 * i;
+      c.reads = i;
+      c.writes = 2 * i;
+      c.age_ms = 1500;
+      c.data_conns = 1;
+      c.idle_ms = 20;
+      c.peer = "127.0.0.1:4" + std::to_string(i);
+      r.clients.push_back(c);
+    }
+    encode_clients_reply(b, 10, r);
+  });
   // Whole conversations, client side, as a daemon would receive them.
   add("control-session", [](Bytes& b) {
     encode_hello(b, 1, hello(Role::kControl));
@@ -140,6 +162,7 @@ std::vector<Seed> seeds() {
     encode_empty(b, MsgType::kStats, 4);
     encode_empty(b, MsgType::kHeartbeat, 5);
     encode_release(b, 6, ReleaseReq{1});
+    encode_clients(b, 7, ClientsReq{0});
   });
   add("data-session", [](Bytes& b) {
     encode_hello(b, 1, hello(Role::kData));

@@ -34,9 +34,20 @@
 // it never exceeds the budget (slack 0 blocks). Fixed overheads outside the
 // budget: staging (handlers x staging_blocks x block) and the free slots.
 //
+// Prefetch: per-region stream/stride/majority-trend detection (prefetch.h)
+// turns faults into READs into victim slots; once a stream is confirmed by
+// a hit, prefetched blocks are mapped at once (no fault at all). Hints:
+// prefetch(addr,len), evict(addr,len) (write back + drop now), discard().
+//
 // Threads: config.handler_threads handlers and one evictor; none of them
 // touches the region except the evictor's copy of a block it owns and that
-// is mapped (invariant 3); nothing on the fault path allocates.
+// is mapped (invariant 3); nothing on the fault path allocates (tested by
+// tests/pager/pager_alloc_test.cc).
+//
+// Not yet: UFFDIO_MOVE / WP_ASYNC / CONTINUE are detected (features()) but
+// the base path (COPY + WRITEPROTECT + MADV_DONTNEED) is the only one used;
+// pin/unpin; fork (invariant 8); several donors / replicas (the SlabSource
+// seam in remote_map.h is where placement goes).
 #pragma once
 
 #include <fcntl.h>
@@ -84,6 +95,22 @@ struct Mapping {
   }
   Status map(size_t len, size_t align, bool noreserve, const char* what);
 };
+// Copies a block out of the region. The application's last writes to it
+// are ordered before this read by the kernel (write protection or
+// MADV_DONTNEED of the owner, with their TLB shoot-downs), which
+// ThreadSanitizer cannot see; under TSan the copy is left uninstrumented.
+#if defined(__SANITIZE_THREAD__)
+__attribute__((no_sanitize("thread"))) inline void copy_from_region(void* dst, const void* src,
+                                                                    size_t len) {
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  for (size_t i = 0; i < len; i += 64) __builtin_memcpy(d + i, s + i, 64);
+}
+#else
+inline void copy_from_region(void* dst, const void* src, size_t len) {
+  memcpy(dst, src, len);
+}
+#endif
 inline uint64_t now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -123,6 +150,16 @@ class Pager {
   // waits for I/O in flight on those blocks.
   Status discard(void* addr, size_t len);
 
+  // fm_evict: writes the dirty blocks of [addr, addr+len) back and drops
+  // every block of it from local memory now (block-aligned range).
+  // Control path: runs on the calling thread, one I/O at a time on a queue
+  // reserved for hints, and waits for I/O in flight on those blocks.
+  Status evict(void* addr, size_t len);
+  // fm_prefetch: fetches the remote blocks of [addr, addr+len) now and maps
+  // them (clean, write-protected), in batches on the hint queue. Stops early
+  // (still OK) when the budget stays full: it is a hint.
+  Status prefetch(void* addr, size_t len);
+
   // State of the block holding addr (tests, debugging).
   PageState state_of(const void* addr) const {
     return PageTable::state_of(pt_.load(block_index(addr)));
@@ -134,6 +171,7 @@ class Pager {
     uint32_t buf = 0;  // staging index (demand) or slot (prefetch)
     bool prefetch = false;
     bool write = false;
+    bool map = false;  // prefetch on a confirmed stream: map at once, no fault later
     uint64_t t0 = 0;
   };
   struct Deferred {
@@ -224,8 +262,10 @@ class Pager {
   std::vector<std::unique_ptr<Handler>> handlers_;
   std::thread evictor_;
   std::unique_ptr<Queue> evict_q_;
-  std::vector<uint32_t> h_wb_;  // evictor only: blocks being written back
-  std::vector<IoOp> wb_ops_;    // evictor only
+  std::mutex hint_mu_;
+  std::unique_ptr<Queue> hint_q_;  // guarded by hint_mu_
+  std::vector<uint32_t> h_wb_;     // evictor only: blocks being written back
+  std::vector<IoOp> wb_ops_;       // evictor only
   std::mutex evict_mu_;
   std::condition_variable evict_cv_;
   std::atomic<bool> stop_{false};
@@ -333,6 +373,9 @@ Status Pager<B>::init() {
   auto eq = transport_->open_queue();
   if (!eq.ok()) return eq.status().with_context("pager: opening the evictor's transport queue");
   evict_q_ = std::move(*eq);
+  auto hq = transport_->open_queue();
+  if (!hq.ok()) return hq.status().with_context("pager: opening the hint transport queue");
+  hint_q_ = std::move(*hq);
   h_wb_.reserve(cfg_.writeback_batch);
   wb_ops_.reserve(cfg_.writeback_batch);
 
@@ -367,6 +410,7 @@ Pager<B>::~Pager() {
   if (region_.ptr && uffd_.fd() >= 0) (void)uffd_.unregister_range(region_.ptr, cfg_.region_size);
   for (auto& h : handlers_) h->q.reset();
   evict_q_.reset();
+  hint_q_.reset();
   for (void* p : registered_) (void)transport_->unregister_buffer(p);
   remote_.reset();
   if (stop_fd_ >= 0) close(stop_fd_);
@@ -401,8 +445,10 @@ bool Pager<B>::reserve() {
 
 template <TransportBackend B>
 void Pager<B>::kick_evictor() {
-  // notify without the mutex: the evictor re-checks resident_ with a
-  // bounded wait, so a lost wake-up costs at most one wait slice.
+  // Taking the mutex orders this notify after the evictor's predicate
+  // check or before it: no lost wake-up (the lock is uncontended but for
+  // the evictor going to sleep).
+  { std::lock_guard<std::mutex> lk(evict_mu_); }
   evict_cv_.notify_one();
 }
 
@@ -477,6 +523,9 @@ void Pager<B>::handler_main(Handler& h) {
       size_t n = h.q->poll(comps);
       for (size_t i = 0; i < n; ++i) complete(h, comps[i]);
     }
+    // Faults parked on blocks this thread just installed can go now,
+    // without waiting for the next poll timeout.
+    if (!h.deferred.empty()) run_deferred(h);
   }
 }
 
@@ -537,8 +586,8 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
   uintptr_t base = reinterpret_cast<uintptr_t>(region_.ptr);
   if (addr < base || addr >= base + cfg_.region_size) return Outcome::kDone;
   const uint32_t b = static_cast<uint32_t>((addr - base) / block_);
-  const bool write = (flags & UFFD_PAGEFAULT_FLAG_WRITE) != 0;
   const bool wp = (flags & UFFD_PAGEFAULT_FLAG_WP) != 0;
+  const bool write = wp || (flags & UFFD_PAGEFAULT_FLAG_WRITE) != 0;
   uint32_t w = pt_.load(b);
   for (;;) {
     switch (PageTable::state_of(w)) {
@@ -583,7 +632,7 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
         h.free_staging.pop_back();
         uint32_t k = h.free_inflight.back();
         h.free_inflight.pop_back();
-        h.inflight[k] = Inflight{b, st, false, write, pager_detail::now_ns()};
+        h.inflight[k] = Inflight{b, st, false, write, false, pager_detail::now_ns()};
         const uint32_t unit = pt_.meta(b).remote - 1;
         IoOp op{IoKind::kRead, block_, remote_->resolve(unit),
                 h.staging.ptr + uint64_t{st} * block_, k};
@@ -624,7 +673,8 @@ template <TransportBackend B>
 void Pager<B>::prefetch_after(Handler& h, uint32_t b, bool hit) {
   uint32_t cand[256];
   size_t cap = cfg_.prefetch_max_window < 256 ? cfg_.prefetch_max_window : 256;
-  size_t n = prefetcher_->on_fault(b, hit, cand, cap);
+  bool confirmed = false;
+  size_t n = prefetcher_->on_fault(b, hit, cand, cap, &confirmed);
   h.ops.clear();
   for (size_t i = 0; i < n; ++i) {
     if (h.free_inflight.empty() || h.q->outstanding() + h.ops.size() + 1 > h.q->depth()) break;
@@ -647,7 +697,7 @@ void Pager<B>::prefetch_after(Handler& h, uint32_t b, bool hit) {
     }
     uint32_t k = h.free_inflight.back();
     h.free_inflight.pop_back();
-    h.inflight[k] = Inflight{c, slot, true, false, 0};
+    h.inflight[k] = Inflight{c, slot, true, false, confirmed, 0};
     h.ops.push_back(
         IoOp{IoKind::kRead, block_, remote_->resolve(pt_.meta(c).remote - 1), slot_addr(slot), k});
   }
@@ -692,6 +742,16 @@ void Pager<B>::complete(Handler& h, const IoCompletion& c) {
     return;
   }
   counters_.bump(counters_.bytes_read, block_);
+  if (f.map) {
+    // The stream was confirmed (a hit on an earlier prefetch, or a fault
+    // just past blocks mapped ahead on the same trend): map the
+    // block now (write-protected, clean) so that the scan does not fault on
+    // it at all. Whether it is then used cannot be observed.
+    install_mapped(f.block, slot_addr(f.buf), false, 0);
+    free_slot(f.buf);
+    counters_.bump(counters_.prefetch_mapped);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lk(list_mu_);
     victim_.push_front(f.block);
@@ -707,7 +767,7 @@ void Pager<B>::evictor_main() {
   while (!stop_.load(std::memory_order_acquire)) {
     {
       std::unique_lock<std::mutex> lk(evict_mu_);
-      evict_cv_.wait_for(lk, std::chrono::milliseconds(2), [&] {
+      evict_cv_.wait_for(lk, std::chrono::milliseconds(50), [&] {
         return stop_.load(std::memory_order_acquire) ||
                resident_.load(std::memory_order_relaxed) > high_blocks_;
       });
@@ -781,7 +841,9 @@ size_t Pager<B>::demote_batch(size_t max) {
     }
   }
   // The blocks are mapped and owned by this thread: reading them cannot fault.
-  for (size_t i = 0; i < n; ++i) memcpy(slot_addr(slots[i]), block_addr(blocks[i]), block_);
+  for (size_t i = 0; i < n; ++i) {
+    pager_detail::copy_from_region(slot_addr(slots[i]), block_addr(blocks[i]), block_);
+  }
   // One MADV_DONTNEED per run of adjacent blocks: each call is a TLB
   // shoot-down, and a scan demotes long runs.
   uint32_t sorted[kMaxBatch];
@@ -979,6 +1041,205 @@ Status Pager<B>::discard(void* addr, size_t len) {
       }
       pt_.finish(b, PageTable::make(PageState::kEmpty, 0, 0));
       break;
+    }
+  }
+  return ok_status();
+}
+
+template <TransportBackend B>
+Status Pager<B>::evict(void* addr, size_t len) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  uintptr_t base = reinterpret_cast<uintptr_t>(region_.ptr);
+  if (a < base || a + len > base + cfg_.region_size || len > cfg_.region_size ||
+      (a - base) % block_ != 0 || len % block_ != 0) {
+    return make_error(Errc::kInvalidArgument,
+                      "evict(%p, %zu): the range must be inside the region [%p, +%llu) and "
+                      "aligned to the %u-byte block size",
+                      addr, len, static_cast<void*>(region_.ptr),
+                      static_cast<unsigned long long>(cfg_.region_size), block_);
+  }
+  std::lock_guard<std::mutex> hl(hint_mu_);
+  const uint32_t first = static_cast<uint32_t>((a - base) / block_);
+  const uint32_t last = first + static_cast<uint32_t>(len / block_);
+  for (uint32_t b = first; b < last; ++b) {
+    for (;;) {
+      uint32_t w = pt_.load(b);
+      PageState s = PageTable::state_of(w);
+      if (s == PageState::kEmpty || s == PageState::kRemote) break;
+      if (is_transient(s)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        continue;
+      }
+      if (s == PageState::kPresent) {
+        // Demote into a slot first, exactly as the evictor does.
+        uint32_t slot = alloc_slot();
+        if (slot == kNoSlot) {
+          kick_evictor();  // slots come back as the evictor drops victims
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+          continue;
+        }
+        if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kDemoting))) {
+          free_slot(slot);
+          continue;
+        }
+        {
+          std::lock_guard<std::mutex> lk(list_mu_);
+          active_.remove(b);
+        }
+        int err = 0;
+        if ((w & PageTable::kDirty) &&
+            uffd_.write_protect(block_addr(b), block_, true, &err) != Errc::kOk) {
+          fatal("pager: write-protecting block %u at %p for evict() failed: %s", b,
+                static_cast<void*>(block_addr(b)), strerror(err));
+        }
+        pager_detail::copy_from_region(slot_addr(slot), block_addr(b), block_);
+        if (madvise(block_addr(b), block_, MADV_DONTNEED) != 0) {
+          fatal("pager: MADV_DONTNEED at %p failed: %s", static_cast<void*>(block_addr(b)),
+                strerror(errno));
+        }
+        {
+          std::lock_guard<std::mutex> lk(list_mu_);
+          victim_.push_front(b);
+        }
+        pt_.finish(b, PageTable::make(PageState::kVictim, w & PageTable::kDirty, slot));
+        counters_.bump(counters_.demotions);
+        continue;  // now a victim: dropped below
+      }
+      // Victim.
+      const uint32_t slot = PageTable::slot_of(w);
+      if (!(w & PageTable::kDirty)) {
+        PageState to = pt_.meta(b).remote != 0 ? PageState::kRemote : PageState::kEmpty;
+        if (!pt_.try_transition(b, w, PageTable::make(to, 0, 0))) continue;
+        {
+          std::lock_guard<std::mutex> lk(list_mu_);
+          victim_.remove(b);
+        }
+        free_slot(slot);
+        unreserve();
+        counters_.bump(counters_.evictions_clean);
+        break;
+      }
+      if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kWriting))) continue;
+      {
+        std::lock_guard<std::mutex> lk(list_mu_);
+        victim_.remove(b);
+      }
+      BlockMeta& m = pt_.meta(b);
+      if (m.remote == 0) {
+        auto u = remote_->alloc_unit();
+        if (!u.ok()) {
+          {
+            std::lock_guard<std::mutex> lk(list_mu_);
+            victim_.push_front(b);
+          }
+          pt_.finish(b, PageTable::with_state(w, PageState::kVictim));
+          return u.status().with_context("evict");
+        }
+        m.remote = *u + 1;
+      }
+      IoOp op{IoKind::kWrite, block_, remote_->resolve(m.remote - 1), slot_addr(slot), b};
+      Errc e = hint_q_->post({&op, 1});
+      IoCompletion c{b, e};
+      if (e == Errc::kOk) {
+        while (hint_q_->wait({&c, 1}, 100) == 0) {
+        }
+      }
+      counters_.bump(counters_.writes);
+      if (c.status != Errc::kOk) {
+        {
+          std::lock_guard<std::mutex> lk(list_mu_);
+          victim_.push_front(b);
+        }
+        pt_.finish(b, PageTable::with_state(w, PageState::kVictim));
+        counters_.bump(counters_.writeback_errors);
+        return make_error(c.status,
+                          "evict: WRITE of the dirty block at %p to donor %s failed; the data "
+                          "stays local and is retried by the evictor",
+                          static_cast<void*>(block_addr(b)),
+                          remote_->server_name(op.remote.server));
+      }
+      pt_.finish(b, PageTable::make(PageState::kRemote, 0, 0));
+      free_slot(slot);
+      unreserve();
+      counters_.bump(counters_.evictions_dirty);
+      counters_.bump(counters_.bytes_written, block_);
+      break;
+    }
+  }
+  return ok_status();
+}
+
+template <TransportBackend B>
+Status Pager<B>::prefetch(void* addr, size_t len) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  uintptr_t base = reinterpret_cast<uintptr_t>(region_.ptr);
+  if (a < base || a + len > base + cfg_.region_size || len > cfg_.region_size) {
+    return make_error(Errc::kInvalidArgument,
+                      "prefetch(%p, %zu): the range must be inside the region [%p, +%llu)", addr,
+                      len, static_cast<void*>(region_.ptr),
+                      static_cast<unsigned long long>(cfg_.region_size));
+  }
+  if (len == 0) return ok_status();
+  std::lock_guard<std::mutex> hl(hint_mu_);
+  const uint32_t first = static_cast<uint32_t>((a - base) / block_);
+  const uint32_t last = static_cast<uint32_t>((a + len - 1 - base) / block_) + 1;
+  constexpr size_t kBatch = 32;
+  IoOp ops[kBatch];
+  uint32_t b = first;
+  bool budget_full = false;
+  while (b < last && !budget_full) {
+    size_t n = 0;
+    for (; b < last && n < kBatch && n < hint_q_->depth(); ++b) {
+      uint32_t w = pt_.load(b);
+      if (PageTable::state_of(w) != PageState::kRemote) continue;
+      uint32_t slot = alloc_slot();
+      if (slot == kNoSlot) break;
+      bool got = reserve();
+      for (int tries = 0; !got && tries < 100; ++tries) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));  // evictor was kicked
+        got = reserve();
+      }
+      if (!got) {
+        free_slot(slot);
+        budget_full = true;
+        break;
+      }
+      if (!pt_.try_transition(b, w, PageTable::make(PageState::kFetching, 0, slot))) {
+        unreserve();
+        free_slot(slot);
+        continue;
+      }
+      ops[n++] =
+          IoOp{IoKind::kRead, block_, remote_->resolve(pt_.meta(b).remote - 1), slot_addr(slot), b};
+    }
+    if (n == 0) {
+      if (b < last && !budget_full) ++b;  // no slot this time: skip ahead rather than spin
+      continue;
+    }
+    Errc pe = hint_q_->post({ops, n});
+    size_t done = 0;
+    IoCompletion comps[kBatch];
+    if (pe != Errc::kOk) {
+      for (size_t i = 0; i < n; ++i) comps[i] = IoCompletion{ops[i].cookie, pe};
+      done = n;
+    } else {
+      while (done < n) done += hint_q_->wait({comps + done, n - done}, 100);
+    }
+    counters_.bump(counters_.reads, n);
+    counters_.bump(counters_.prefetch_issued, n);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t blk = static_cast<uint32_t>(comps[i].cookie);
+      const uint32_t slot = PageTable::slot_of(pt_.load(blk));
+      if (comps[i].status != Errc::kOk) {
+        free_slot(slot);
+        unreserve();
+        pt_.finish(blk, PageTable::make(PageState::kRemote, 0, 0));
+        continue;
+      }
+      install_mapped(blk, slot_addr(slot), false, 0);
+      free_slot(slot);
+      counters_.bump(counters_.bytes_read, block_);
+      counters_.bump(counters_.prefetch_mapped);
     }
   }
   return ok_status();

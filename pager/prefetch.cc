@@ -51,10 +51,20 @@ int64_t Prefetcher::trend_locked() const {
   return 0;
 }
 
-size_t Prefetcher::on_fault(uint32_t b, bool prefetch_hit, uint32_t* out, size_t cap) {
+size_t Prefetcher::on_fault(uint32_t b, bool prefetch_hit, uint32_t* out, size_t cap,
+                            bool* confirmed) {
   std::lock_guard<std::mutex> lk(mu_);
+  bool continues = false;
   if (last_block_ >= 0) {
-    deltas_[pos_] = static_cast<int64_t>(b) - last_block_;
+    int64_t raw = static_cast<int64_t>(b) - last_block_;
+    // A jump over blocks that were prefetched on the current trend (and
+    // mapped, so they never faulted) is that trend, not noise.
+    if (last_trend_ != 0 && raw != 0 && raw % last_trend_ == 0 && raw / last_trend_ > 1 &&
+        raw / last_trend_ <= static_cast<int64_t>(window_) + 1) {
+      raw = last_trend_;
+      continues = true;
+    }
+    deltas_[pos_] = raw;
     pos_ = (pos_ + 1) % kHistory;
     if (count_ < kHistory) ++count_;
   }
@@ -64,6 +74,8 @@ size_t Prefetcher::on_fault(uint32_t b, bool prefetch_hit, uint32_t* out, size_t
     window_ = std::min<uint32_t>(max_window_, std::max<uint32_t>(kInitialWindow, window_ * 2));
   }
   int64_t d = trend_locked();
+  last_trend_ = d;
+  if (confirmed) *confirmed = d != 0 && (prefetch_hit || continues);
   if (d == 0) {
     window_ /= 2;
     return 0;

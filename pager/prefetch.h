@@ -26,7 +26,11 @@ class Prefetcher {
 
   // Records a fault on block b; prefetch_hit says it was a prefetched block
   // (the window grows). Writes up to cap candidate blocks (nearest first).
-  size_t on_fault(uint32_t b, bool prefetch_hit, uint32_t* out, size_t cap);
+  // *confirmed (optional) says the stream is proven: the fault was a
+  // prefetch hit, or it landed just past blocks prefetched on the current
+  // trend (they were mapped at once and so never faulted).
+  size_t on_fault(uint32_t b, bool prefetch_hit, uint32_t* out, size_t cap,
+                  bool* confirmed = nullptr);
   // A prefetched block was dropped without use (the window shrinks).
   void on_unused();
 
@@ -47,6 +51,7 @@ class Prefetcher {
   int count_ = 0;                  // valid entries, guarded by mu_
   int pos_ = 0;                    // next write, guarded by mu_
   int64_t last_block_ = -1;        // guarded by mu_
+  int64_t last_trend_ = 0;         // guarded by mu_
   uint32_t window_ = 0;            // guarded by mu_ (read racily for stats)
   uint32_t unused_streak_ = 0;     // guarded by mu_
 };

@@ -54,6 +54,7 @@ void PagerCounters::snapshot(PagerStats* s) const {
   s->prefetch_issued = ld(prefetch_issued);
   s->prefetch_used = ld(prefetch_used);
   s->prefetch_unused = ld(prefetch_unused);
+  s->prefetch_mapped = ld(prefetch_mapped);
 }
 
 std::string PagerStats::to_string() const {
@@ -64,7 +65,7 @@ std::string PagerStats::to_string() const {
       "p99 %llu us\n"
       "evict: demoted %llu clean %llu dirty %llu wb-errors %llu\n"
       "io: reads %llu (%llu B) writes %llu (%llu B)\n"
-      "prefetch: issued %llu used %llu unused %llu\n"
+      "prefetch: issued %llu used %llu mapped %llu unused %llu\n"
       "memory: resident %llu B (peak %llu) of budget %llu B; remote %llu B",
       static_cast<unsigned long long>(faults_zero), static_cast<unsigned long long>(faults_remote),
       static_cast<unsigned long long>(faults_wp), static_cast<unsigned long long>(faults_victim),
@@ -78,6 +79,7 @@ std::string PagerStats::to_string() const {
       static_cast<unsigned long long>(bytes_written),
       static_cast<unsigned long long>(prefetch_issued),
       static_cast<unsigned long long>(prefetch_used),
+      static_cast<unsigned long long>(prefetch_mapped),
       static_cast<unsigned long long>(prefetch_unused),
       static_cast<unsigned long long>(resident_bytes),
       static_cast<unsigned long long>(resident_peak_bytes),

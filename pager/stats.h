@@ -43,6 +43,7 @@ struct PagerStats {
   // Prefetch.
   uint64_t prefetch_issued = 0;
   uint64_t prefetch_used = 0;    // a prefetched block faulted on before eviction
+  uint64_t prefetch_mapped = 0;  // prefetched on a confirmed stream and mapped at once
   uint64_t prefetch_unused = 0;  // a prefetched block dropped unused
   // Memory.
   uint64_t resident_bytes = 0;  // mapped blocks + occupied victim slots (+ fetches in flight)
@@ -61,7 +62,8 @@ struct alignas(64) PagerCounters {
   std::atomic<uint64_t> latency[LatencyHistogram::kBuckets]{};
   std::atomic<uint64_t> demotions{0}, evictions_clean{0}, evictions_dirty{0}, writeback_errors{0};
   std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0};
-  std::atomic<uint64_t> prefetch_issued{0}, prefetch_used{0}, prefetch_unused{0};
+  std::atomic<uint64_t> prefetch_issued{0}, prefetch_used{0}, prefetch_unused{0},
+      prefetch_mapped{0};
 
   static void bump(std::atomic<uint64_t>& c, uint64_t n = 1) {
     c.fetch_add(n, std::memory_order_relaxed);

@@ -39,7 +39,9 @@ int open_raw(UffdSource* source, int* syscall_errno, int* dev_errno) {
   return fd;
 }
 
-Status permission_error(int syscall_errno, int dev_errno) {
+}  // namespace
+
+Status uffd_permission_error(int syscall_errno, int dev_errno) {
   return make_error(Errc::kPermissionDenied,
                     "userfaultfd is not permitted for this process (userfaultfd(2): %s; "
                     "/dev/userfaultfd: %s). Fix one of: run with CAP_SYS_PTRACE, set "
@@ -47,6 +49,8 @@ Status permission_error(int syscall_errno, int dev_errno) {
                     "access to /dev/userfaultfd",
                     strerror(syscall_errno), dev_errno ? strerror(dev_errno) : "no error");
 }
+
+namespace {
 
 UffdFeatures decode(uint64_t raw) {
   UffdFeatures f;
@@ -78,7 +82,7 @@ Result<Uffd> Uffd::open() {
   // Probe: UFFDIO_API with features 0 reports every feature the kernel has;
   // a descriptor takes UFFDIO_API once, so the real one is opened after.
   Fd probe(open_raw(&source, &se, &de));
-  if (!probe.valid()) return permission_error(se, de);
+  if (!probe.valid()) return uffd_permission_error(se, de);
   uffdio_api api{};
   api.api = UFFD_API;
   if (ioctl(probe.get(), UFFDIO_API, &api) != 0) {
@@ -93,7 +97,7 @@ Result<Uffd> Uffd::open() {
   }
   Uffd u;
   u.fd_ = Fd(open_raw(&u.source_, &se, &de));
-  if (!u.fd_.valid()) return permission_error(se, de);
+  if (!u.fd_.valid()) return uffd_permission_error(se, de);
   uffdio_api want{};
   want.api = UFFD_API;
   want.features =

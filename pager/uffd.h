@@ -36,6 +36,10 @@ struct UffdFeatures {
 // How the descriptor was obtained; tests and logs print it.
 enum class UffdSource : uint8_t { kSyscall, kDevice };
 
+// The error returned when neither userfaultfd(2) nor /dev/userfaultfd may
+// be used (errno values of both attempts); it names the three fixes.
+Status uffd_permission_error(int syscall_errno, int dev_errno);
+
 class Uffd {
  public:
   // Opens a non-blocking userfaultfd with the WP feature enabled. When the

@@ -17,8 +17,10 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <list>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -27,6 +29,10 @@
 #include "runtime/log.h"
 #include "runtime/net.h"
 #include "runtime/slab_pool.h"
+#ifdef FARMEM_HAVE_VERBS
+#include "runtime/verbs_donor.h"
+#include "runtime/verbs_transport.h"
+#endif
 
 namespace farmem {
 
@@ -106,6 +112,13 @@ std::string peer_name(int fd) {
 
 constexpr size_t kFlushBytes = 64 << 10;    // batched replies sent once this much is queued
 constexpr size_t kScratchBytes = 64 << 10;  // sink for refused WRITE data
+// Data connections: one recv takes up to kDataRxBytes of requests; the
+// replies to all whole requests in it leave in one sendmsg, cut earlier once
+// kBatchReadBytes of READ data or kBatchSegs iovec entries are queued (so a
+// client that stops reading is not sent far more than it asked for at once).
+constexpr size_t kDataRxBytes = 256 << 10;
+constexpr size_t kBatchReadBytes = 512 << 10;
+constexpr size_t kBatchSegs = 256;
 constexpr size_t kLingerBytes = 256 << 10;  // drained after an error before close
 constexpr int kLingerMs = 200;
 
@@ -115,6 +128,9 @@ struct Session {
   std::array<uint8_t, wire::kSecretSize> secret{};
   std::string peer;
   std::atomic<int64_t> last_frame_ms{0};
+  int64_t opened_ms = 0;
+  // Data-path traffic of this session's connections (CLIENTS, metrics).
+  std::atomic<uint64_t> bytes_read{0}, bytes_written{0}, reads{0}, writes{0};
 };
 
 struct Conn {
@@ -124,6 +140,40 @@ struct Conn {
   bool finished = false;  // guarded by mu_
   uint64_t session = 0;   // set once by the handshake, under mu_
   bool control = false;
+};
+
+// The receive buffer and the reply batch of one data connection, owned by its
+// thread. Each turn of data_loop:
+//
+//   step | what                                        | syscalls
+//   -----+---------------------------------------------+-------------------
+//   1    | parse every whole request in rx[rpos, rlen) | none
+//        | READ: pin, queue header + slab pointer      |
+//        | WRITE: pin, copy buffered data, recv rest   | recv only for data
+//        |        straight into the slab               | not yet buffered
+//   2    | no whole request left: send the batch,      | one sendmsg
+//        | then unpin every slab it pointed into       |
+//   3    | recv more requests (blocking, idle timeout) | one recv
+//
+// Reply bytes other than READ data (READ_DATA headers, WRITTEN, ERROR) are
+// appended to Worker::out; `segs` interleaves ranges of `out` with slab
+// memory in reply order. A range of `out` is kept as an offset, not a
+// pointer, so that `out` may grow while the batch is built.
+struct DataBatch {
+  struct Seg {
+    const uint8_t* mem;  // slab bytes; nullptr: bytes [off, off + len) of Worker::out
+    size_t off;
+    size_t len;
+  };
+  std::vector<uint8_t> rx;
+  size_t rpos = 0;  // first unparsed byte
+  size_t rlen = 0;  // end of received bytes
+  std::vector<Seg> segs;
+  std::vector<iovec> iov;
+  std::vector<uint32_t> pinned;  // one entry per pin() taken for `segs`
+  size_t out_mark = 0;           // Worker::out bytes before it are in `segs` already
+  size_t read_bytes = 0;         // READ data queued
+  uint64_t reads = 0;            // READs queued (counted already; undone if the send fails)
 };
 
 }  // namespace
@@ -140,9 +190,14 @@ class DonorServer::Impl {
     stopped_cv_.wait(lk, [&] { return stopped_; });
   }
   wire::StatsReply stats() const;
+  std::string prometheus_text() const;
 
   uint16_t port_ = 0;
   uint64_t instance_id_ = 0;
+#ifdef FARMEM_HAVE_VERBS
+  // Declared before pool_: the pool holds it as its registrar.
+  std::unique_ptr<VerbsDonor> verbs_;
+#endif
   std::unique_ptr<SlabPool> pool_;
 
  private:
@@ -155,6 +210,7 @@ class DonorServer::Impl {
     std::vector<uint8_t> scratch;
     std::array<uint8_t, wire::kNonceSize> nonce{};
     wire::Hello hello;
+    std::shared_ptr<Session> sess;  // data connections: the session attached to
 
     Errc flush() noexcept {
       if (out.empty()) return Errc::kOk;
@@ -180,13 +236,18 @@ class DonorServer::Impl {
   bool handshake(Worker& w, std::shared_ptr<Session>* session);
   void control_loop(Worker& w, const std::shared_ptr<Session>& s);
   void data_loop(Worker& w);
-  // false: the connection must close.
-  bool do_read(Worker& w, const wire::Header& h);
-  bool do_write(Worker& w, const wire::Header& h);
+  // One request whose header and 16-byte prefix `req` are consumed from
+  // b.rx; false: the connection must close.
+  bool do_read(Worker& w, DataBatch& b, const wire::Header& h, const uint8_t* req);
+  bool do_write(Worker& w, DataBatch& b, const wire::Header& h, const uint8_t* req);
+  // Sends the batch and unpins its slabs; kOk with the batch empty.
+  Errc flush_batch(Worker& w, DataBatch& b);
   void end_session(uint64_t id, bool expired);
   void refuse(int fd, Errc code, const char* msg);
   void linger_close(int fd);
   void join_finished();
+  void metrics_loop();
+  void serve_metrics(int fd);
 
   const DonorOptions opts_;
   uint32_t max_connections_ = 0;
@@ -207,6 +268,19 @@ class DonorServer::Impl {
   std::atomic<uint64_t> open_conns_{0};
   std::atomic<uint64_t> bytes_read_{0}, bytes_written_{0}, reads_{0}, writes_{0};
   std::atomic<uint64_t> errors_{0}, sessions_expired_{0};
+
+ public:
+  uint16_t metrics_port_ = 0;
+  std::vector<wire::ClientInfo> clients(uint64_t after, size_t max) const;
+
+ private:
+  int64_t started_ms_ = 0;
+  int64_t started_unix_s_ = 0;
+  Fd metrics_listen_;
+  std::thread metrics_thread_;
+  std::mutex metrics_mu_;      // closing metrics_conn_ vs. stop() shutting it down
+  int metrics_conn_ = -1;      // guarded by metrics_mu_: the request being answered
+  bool metrics_stop_ = false;  // guarded by metrics_mu_
 };
 
 void DonorServer::Impl::Worker::error(uint64_t tag, Errc code, const char* fmt, ...) noexcept {
@@ -223,12 +297,44 @@ void DonorServer::Impl::Worker::error(uint64_t tag, Errc code, const char* fmt, 
 
 Status DonorServer::Impl::init() {
   const DonorOptions& o = opts_;
+#ifndef FARMEM_HAVE_VERBS
   if (o.transport == DonorTransportMode::kVerbs)
     return make_error(Errc::kUnavailable,
-                      "verbs transport not available in this build yet: use --transport tcp "
-                      "(or auto)");
+                      "--transport verbs, but verbs cannot serve %s: rdma-core was not found at "
+                      "build time; use --transport tcp (or auto)",
+                      o.listen.host.c_str());
   if (o.transport == DonorTransportMode::kAuto)
-    FARMEM_LOG(kInfo, "transport auto: serving the tcp data path");
+    FARMEM_LOG(kInfo, "transport auto: serving the tcp data path (no verbs in this build)");
+#else
+  // verbs: an rdma_cm listener on the same address and port number (see
+  // runtime/verbs_transport.h); the tcp data path is served either way.
+  if (o.transport != DonorTransportMode::kTcp) {
+    std::string why;
+    if (verbs::reachable(o.listen.host, &why)) {
+      VerbsDonor::Hooks h;
+      h.session_secret = [this](uint64_t id, VerbsDonor::Secret* secret) {
+        std::lock_guard<std::mutex> lk(mu_);
+        auto it = sessions_.find(id);
+        if (it == sessions_.end()) return false;
+        *secret = it->second->secret;
+        return true;
+      };
+      h.max_qps_per_session = o.max_connections_per_session;
+      auto v = VerbsDonor::create(std::move(h));
+      if (!v.ok()) return v.status().with_context("verbs transport");
+      verbs_ = std::move(*v);
+      FARMEM_LOG(kInfo, "transport %s: serving verbs (%s) and tcp",
+                 donor_transport_name(o.transport), why.c_str());
+    } else if (o.transport == DonorTransportMode::kVerbs) {
+      return make_error(Errc::kUnavailable,
+                        "--transport verbs, but verbs cannot serve %s: %s; use --transport tcp "
+                        "or auto, or listen on an RDMA interface's address",
+                        o.listen.host.c_str(), why.c_str());
+    } else {
+      FARMEM_LOG(kInfo, "transport auto: serving the tcp data path only (%s)", why.c_str());
+    }
+  }
+#endif
   if (o.token.empty() && !o.insecure)
     return make_error(Errc::kInvalidArgument,
                       "no token: give a shared secret (--token-file FILE) so that only its "
@@ -261,6 +367,9 @@ Status DonorServer::Impl::init() {
   // VERBS: the verbs issue passes its SlabRegistrar here (one registration
   // of the whole pool, per-client rkeys in describe()).
   po.registrar = nullptr;
+#ifdef FARMEM_HAVE_VERBS
+  po.registrar = verbs_.get();
+#endif
   auto pool = SlabPool::create(po);
   if (!pool.ok()) return pool.status();
   pool_ = std::move(*pool);
@@ -270,15 +379,32 @@ Status DonorServer::Impl::init() {
   listen_ = std::move(*fd);
   port_ = local_port(listen_.get());
   instance_id_ = random_u64();
+#ifdef FARMEM_HAVE_VERBS
+  if (verbs_) FARMEM_RETURN_IF_ERROR(verbs_->listen(Endpoint{o.listen.host, port_}, instance_id_));
+#endif
   if (o.insecure)
     FARMEM_LOG(kWarn,
                "running with --insecure: ANY client that can reach %s may lease, read and "
                "write donor memory; use --token-file outside of tests",
                Endpoint{o.listen.host, port_}.to_string().c_str());
 
+  started_ms_ = now_ms();
+  started_unix_s_ = static_cast<int64_t>(time(nullptr));
+  if (o.metrics_listen) {
+    Endpoint ep = *o.metrics_listen;
+    if (ep.host.empty()) ep.host = "127.0.0.1";
+    auto mfd = tcp_listen(ep, 16);
+    if (!mfd.ok())
+      return mfd.status().with_context("metrics endpoint (--metrics-listen " + ep.to_string() +
+                                       ")");
+    metrics_listen_ = std::move(*mfd);
+    metrics_port_ = local_port(metrics_listen_.get());
+  }
+
   try {
     accept_thread_ = std::thread(&Impl::accept_loop, this);
     reaper_thread_ = std::thread(&Impl::reaper_loop, this);
+    if (metrics_listen_.valid()) metrics_thread_ = std::thread(&Impl::metrics_loop, this);
   } catch (const std::system_error& e) {
     return make_error(Errc::kResourceExhausted, "cannot start the donor threads: %s", e.what());
   }
@@ -396,6 +522,10 @@ void DonorServer::Impl::end_session(uint64_t id, bool expired) {
       session_conns_.erase(cit);
     }
   }
+#ifdef FARMEM_HAVE_VERBS
+  // QPs first, so that the session's ops stop before its MRs go.
+  if (verbs_) verbs_->session_ended(id);
+#endif
   size_t n = pool_->release_all(id);
   // Counted once the leases are back, so whoever sees the count sees them free.
   if (expired) sessions_expired_.fetch_add(1);
@@ -430,7 +560,7 @@ void DonorServer::Impl::linger_close(int fd) {
 }
 
 void DonorServer::Impl::serve(Conn* c) {
-  Worker w{this, c, c->fd.get(), {}, {}, {}, {}};
+  Worker w{this, c, c->fd.get(), {}, {}, {}, {}, {}};
   w.out.reserve(kFlushBytes + 2 * wire::kHeaderSize + wire::kMaxErrorMessage + 64);
   run(w);
   uint64_t session = c->session;
@@ -551,6 +681,7 @@ bool DonorServer::Impl::handshake(Worker& w, std::shared_ptr<Session>* session) 
     s->peer = w.conn->peer;
     random_bytes(s->secret);
     s->last_frame_ms.store(now_ms());
+    s->opened_ms = now_ms();
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (sessions_.size() >= opts_.max_clients) {
@@ -617,6 +748,7 @@ bool DonorServer::Impl::handshake(Worker& w, std::shared_ptr<Session>* session) 
     }
     list.push_back(w.conn);
     w.conn->session = at.session_id;
+    w.sess = it->second;
   }
   wire::encode_empty(w.out, MsgType::kAttached, h.tag);
   return w.flush() == Errc::kOk;
@@ -641,16 +773,17 @@ void DonorServer::Impl::control_loop(Worker& w, const std::shared_ptr<Session>& 
       case MsgType::kRelease:
       case MsgType::kHeartbeat:
       case MsgType::kStats:
+      case MsgType::kClients:
         break;
       default:
         w.error(h.tag, Errc::kProtocol,
-                "%s is not allowed on a control connection (only LEASE, RELEASE, HEARTBEAT and "
-                "STATS are); closing",
+                "%s is not allowed on a control connection (only LEASE, RELEASE, HEARTBEAT, "
+                "STATS and CLIENTS are); closing",
                 wire::msg_type_name(h.type));
         ok = false;
         continue;
     }
-    // The four requests carry at most 8 bytes (checked by decode_header).
+    // These requests carry at most 8 bytes (checked by decode_header).
     if (recv_all(w.fd, payload, h.payload_len) != Errc::kOk) return;
     s->last_frame_ms.store(now_ms());
     std::span<const uint8_t> p(payload, h.payload_len);
@@ -688,6 +821,23 @@ void DonorServer::Impl::control_loop(Worker& w, const std::shared_ptr<Session>& 
       case MsgType::kStats:
         wire::encode_stats_reply(w.out, h.tag, stats());
         break;
+      case MsgType::kClients: {
+        // Only authenticated control sessions get here: the data role never
+        // reaches control_loop, and AUTH checked the token.
+        wire::ClientsReq req;
+        Status st = wire::decode_clients(p, &req);
+        if (!st.ok()) {
+          w.error(h.tag, st);
+          break;
+        }
+        wire::ClientsReply r;
+        r.clients = clients(req.after_session, wire::kMaxClientsPerReply + 1);
+        r.more = r.clients.size() > wire::kMaxClientsPerReply;
+        if (r.more) r.clients.resize(wire::kMaxClientsPerReply);
+        r.total = static_cast<uint32_t>(stats().clients);
+        wire::encode_clients_reply(w.out, h.tag, r);
+        break;
+      }
       default:
         break;
     }
@@ -703,37 +853,72 @@ void DonorServer::Impl::data_loop(Worker& w) {
     (void)set_socket_timeouts(w.fd, static_cast<int>(opts_.idle_data_timeout_ms),
                               static_cast<int>(opts_.send_timeout_ms));
   w.scratch.resize(kScratchBytes);
-  uint8_t hdr[wire::kHeaderSize];
-  wire::Header h;
+  DataBatch b;
+  b.rx.resize(kDataRxBytes);
+  // A request adds at most two segments and the batch is cut at kBatchSegs:
+  // with the trailing range of `out` these never grow on the data path.
+  b.segs.reserve(kBatchSegs + 4);
+  b.iov.resize(kBatchSegs + 4);
+  b.pinned.reserve(kBatchSegs + 4);
   const char* why = nullptr;
+  constexpr size_t kReqHead = wire::kHeaderSize + wire::kIoReqSize;
   while (true) {
-    Errc e = recv_all(w.fd, hdr, sizeof hdr);
-    if (e == Errc::kTimeout) {
+    // 1. Serve every whole request already received, without a syscall.
+    const size_t avail = b.rlen - b.rpos;
+    if (avail >= wire::kHeaderSize) {
+      const uint8_t* f = b.rx.data() + b.rpos;
+      wire::Header h;
+      if (wire::decode_header(f, &h, &why) != Errc::kOk) {
+        w.error(0, Errc::kProtocol, "bad frame header on the data connection: %s; closing", why);
+        break;
+      }
+      if (h.type != MsgType::kRead && h.type != MsgType::kWrite) {
+        w.error(h.tag, Errc::kProtocol,
+                "%s is not allowed on a data connection (only READ and WRITE are); closing",
+                wire::msg_type_name(h.type));
+        break;
+      }
+      // Refused before waiting for a prefix the frame may never carry.
+      if (h.type == MsgType::kWrite && h.payload_len < wire::kIoReqSize) {
+        w.error(h.tag, Errc::kProtocol,
+                "WRITE payload of %u bytes is shorter than its %zu-byte prefix; closing",
+                h.payload_len, wire::kIoReqSize);
+        break;
+      }
+      if (avail >= kReqHead) {
+        b.rpos += kReqHead;
+        const uint8_t* req = f + wire::kHeaderSize;
+        const bool keep = h.type == MsgType::kRead ? do_read(w, b, h, req) : do_write(w, b, h, req);
+        if (!keep) break;
+        if ((b.segs.size() >= kBatchSegs || b.read_bytes >= kBatchReadBytes ||
+             w.out.size() >= kFlushBytes) &&
+            flush_batch(w, b) != Errc::kOk)
+          return;
+        continue;
+      }
+    }
+    // 2. No whole request left: answer the ones served so far before waiting,
+    // so a client that waits for its replies before sending more never stalls.
+    if (flush_batch(w, b) != Errc::kOk) return;
+    // 3. Move the partial request (under kReqHead bytes) to the front and
+    // receive as much as has arrived behind it.
+    const size_t part = b.rlen - b.rpos;
+    if (part > 0 && b.rpos > 0) std::memmove(b.rx.data(), b.rx.data() + b.rpos, part);
+    b.rpos = 0;
+    b.rlen = part;
+    const ssize_t n = ::recv(w.fd, b.rx.data() + part, b.rx.size() - part, 0);
+    if (n > 0) {
+      b.rlen += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       FARMEM_LOG(kDebug, "data connection from %s idle for %u ms: closing", w.conn->peer.c_str(),
                  opts_.idle_data_timeout_ms);
-      return;
     }
-    if (e != Errc::kOk) return;
-    bool keep;
-    if (wire::decode_header(hdr, &h, &why) != Errc::kOk) {
-      w.error(0, Errc::kProtocol, "bad frame header on the data connection: %s; closing", why);
-      keep = false;
-    } else if (h.type == MsgType::kRead) {
-      keep = do_read(w, h);
-    } else if (h.type == MsgType::kWrite) {
-      keep = do_write(w, h);
-    } else {
-      w.error(h.tag, Errc::kProtocol,
-              "%s is not allowed on a data connection (only READ and WRITE are); closing",
-              wire::msg_type_name(h.type));
-      keep = false;
-    }
-    if (!keep) break;
-    if ((pending_input(w.fd) < wire::kHeaderSize || w.out.size() >= kFlushBytes) &&
-        w.flush() != Errc::kOk)
-      return;
+    return;  // idle, closed by the peer, or broken
   }
-  if (w.flush() == Errc::kOk) linger_close(w.fd);
+  if (flush_batch(w, b) == Errc::kOk) linger_close(w.fd);
 }
 
 namespace {
@@ -762,11 +947,10 @@ void explain_pin(char* buf, size_t n, Errc e, const char* op, const wire::IoReq&
 
 }  // namespace
 
-bool DonorServer::Impl::do_read(Worker& w, const wire::Header& h) {
-  uint8_t p[wire::kIoReqSize];
-  if (recv_all(w.fd, p, sizeof p) != Errc::kOk) return false;
+bool DonorServer::Impl::do_read(Worker& w, DataBatch& b, const wire::Header& h,
+                                const uint8_t* req) {
   wire::IoReq r;
-  Status st = wire::decode_io_req(p, &r);
+  Status st = wire::decode_io_req({req, wire::kIoReqSize}, &r);
   if (!st.ok()) {
     w.error(h.tag, st);  // the stream is intact: refuse this request only
     return true;
@@ -779,41 +963,26 @@ bool DonorServer::Impl::do_read(Worker& w, const wire::Header& h) {
     w.error(h.tag, e, "%s", msg);
     return true;
   }
-  // Zero copy: queued replies, the READ_DATA header and the slab bytes in
-  // one sendmsg.
-  uint8_t rh[wire::kHeaderSize];
-  wire::encode_frame_header(rh, MsgType::kReadData, h.tag, r.length);
-  iovec iov[3];
-  int n = 0;
-  if (!w.out.empty()) iov[n++] = {w.out.data(), w.out.size()};
-  iov[n++] = {rh, sizeof rh};
-  iov[n++] = {mem, r.length};
-  // Counted before the send: a client that has its data and then asks for
-  // STATS must see this READ.
-  reads_.fetch_add(1, std::memory_order_relaxed);
-  bytes_read_.fetch_add(r.length, std::memory_order_relaxed);
-  e = sendv_all(w.fd, iov, n);
-  pool_->unpin(r.slab);
-  w.out.clear();
-  if (e != Errc::kOk) {
-    reads_.fetch_sub(1, std::memory_order_relaxed);
-    bytes_read_.fetch_sub(r.length, std::memory_order_relaxed);
-    return false;
-  }
+  // Zero copy: the READ_DATA header joins the queued reply bytes, the data is
+  // sent straight from the slab, which stays pinned until flush_batch() has
+  // sent it.
+  b.pinned.push_back(r.slab);
+  const size_t at = w.out.size();
+  w.out.resize(at + wire::kHeaderSize);
+  wire::encode_frame_header(w.out.data() + at, MsgType::kReadData, h.tag, r.length);
+  b.segs.push_back({nullptr, b.out_mark, w.out.size() - b.out_mark});
+  b.out_mark = w.out.size();
+  b.segs.push_back({mem, 0, r.length});
+  b.read_bytes += r.length;
+  ++b.reads;
   return true;
 }
 
-bool DonorServer::Impl::do_write(Worker& w, const wire::Header& h) {
-  if (h.payload_len < wire::kIoReqSize) {
-    w.error(h.tag, Errc::kProtocol,
-            "WRITE payload of %u bytes is shorter than its %zu-byte prefix; closing", h.payload_len,
-            wire::kIoReqSize);
-    return false;
-  }
-  uint8_t p[wire::kIoReqSize];
-  if (recv_all(w.fd, p, sizeof p) != Errc::kOk) return false;
+bool DonorServer::Impl::do_write(Worker& w, DataBatch& b, const wire::Header& h,
+                                 const uint8_t* req) {
+  // data_loop checked payload_len >= kIoReqSize.
   const uint32_t data_len = h.payload_len - static_cast<uint32_t>(wire::kIoReqSize);
-  const uint32_t claimed = wire::get_u32(p + 4);
+  const uint32_t claimed = wire::get_u32(req + 4);
   if (claimed != data_len) {
     w.error(h.tag, Errc::kProtocol,
             "WRITE says %u bytes but its frame carries %u bytes of data; closing", claimed,
@@ -821,20 +990,27 @@ bool DonorServer::Impl::do_write(Worker& w, const wire::Header& h) {
     return false;
   }
   wire::IoReq r;
-  Status st = wire::decode_io_req(p, &r);  // only length 0 can fail here
+  Status st = wire::decode_io_req({req, wire::kIoReqSize}, &r);  // only length 0 can fail here
   if (!st.ok()) {
     w.error(h.tag, st);
     return true;
   }
+  // The data already received, and what is still on its way.
+  const uint8_t* in = b.rx.data() + b.rpos;
+  const size_t buffered = std::min<size_t>(b.rlen - b.rpos, data_len);
+  const size_t rest = data_len - buffered;
+  b.rpos += buffered;
   // Check the prefix against the caller's leases BEFORE taking any data:
-  // the data then lands straight in slab memory.
+  // data not yet buffered then lands straight in slab memory.
   uint8_t* mem = nullptr;
   Errc e = pool_->pin(w.conn->session, r.slab, r.offset, r.length, &mem);
   if (e != Errc::kOk) {
-    // Swallow the refused data so the stream stays in step.
-    uint32_t left = data_len;
+    // Swallow the refused data so the stream stays in step; the replies
+    // queued so far go out first, the client may be waiting for them.
+    if (rest > 0 && flush_batch(w, b) != Errc::kOk) return false;
+    size_t left = rest;
     while (left > 0) {
-      uint32_t chunk = static_cast<uint32_t>(std::min<size_t>(left, w.scratch.size()));
+      const size_t chunk = std::min(left, w.scratch.size());
       if (recv_all(w.fd, w.scratch.data(), chunk) != Errc::kOk) return false;
       left -= chunk;
     }
@@ -843,13 +1019,50 @@ bool DonorServer::Impl::do_write(Worker& w, const wire::Header& h) {
     w.error(h.tag, e, "%s", msg);
     return true;
   }
-  e = recv_all(w.fd, mem, r.length);
+  std::memcpy(mem, in, buffered);
+  if (rest > 0) {
+    e = flush_batch(w, b);
+    if (e == Errc::kOk) e = recv_all(w.fd, mem + buffered, rest);
+  }
   pool_->unpin(r.slab);
   if (e != Errc::kOk) return false;
   writes_.fetch_add(1, std::memory_order_relaxed);
   bytes_written_.fetch_add(r.length, std::memory_order_relaxed);
+  w.sess->writes.fetch_add(1, std::memory_order_relaxed);
+  w.sess->bytes_written.fetch_add(r.length, std::memory_order_relaxed);
   wire::encode_empty(w.out, MsgType::kWritten, h.tag);
   return true;
+}
+
+Errc DonorServer::Impl::flush_batch(Worker& w, DataBatch& b) {
+  if (w.out.size() > b.out_mark) b.segs.push_back({nullptr, b.out_mark, w.out.size() - b.out_mark});
+  if (b.segs.empty()) return Errc::kOk;
+  if (b.iov.size() < b.segs.size()) b.iov.resize(b.segs.size());
+  for (size_t i = 0; i < b.segs.size(); ++i) {
+    const DataBatch::Seg& s = b.segs[i];
+    b.iov[i] = {const_cast<uint8_t*>(s.mem != nullptr ? s.mem : w.out.data() + s.off), s.len};
+  }
+  // Counted before the send: a client that has its data and then asks for
+  // STATS must see these READs.
+  reads_.fetch_add(b.reads, std::memory_order_relaxed);
+  bytes_read_.fetch_add(b.read_bytes, std::memory_order_relaxed);
+  w.sess->reads.fetch_add(b.reads, std::memory_order_relaxed);
+  w.sess->bytes_read.fetch_add(b.read_bytes, std::memory_order_relaxed);
+  Errc e = sendv_all(w.fd, b.iov.data(), static_cast<int>(b.segs.size()));
+  for (uint32_t slab : b.pinned) pool_->unpin(slab);
+  if (e != Errc::kOk) {
+    reads_.fetch_sub(b.reads, std::memory_order_relaxed);
+    bytes_read_.fetch_sub(b.read_bytes, std::memory_order_relaxed);
+    w.sess->reads.fetch_sub(b.reads, std::memory_order_relaxed);
+    w.sess->bytes_read.fetch_sub(b.read_bytes, std::memory_order_relaxed);
+  }
+  b.segs.clear();
+  b.pinned.clear();
+  w.out.clear();
+  b.out_mark = 0;
+  b.read_bytes = 0;
+  b.reads = 0;
+  return e;
 }
 
 wire::StatsReply DonorServer::Impl::stats() const {
@@ -872,6 +1085,252 @@ wire::StatsReply DonorServer::Impl::stats() const {
   return s;
 }
 
+std::vector<wire::ClientInfo> DonorServer::Impl::clients(uint64_t after, size_t max) const {
+  struct Row {
+    std::shared_ptr<Session> s;
+    uint32_t data_conns;
+  };
+  std::vector<Row> rows;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& [id, sp] : sessions_) {
+      if (id <= after) continue;
+      auto it = session_conns_.find(id);
+      // The list holds the control connection too.
+      uint32_t n = it == session_conns_.end() ? 0 : static_cast<uint32_t>(it->second.size());
+      rows.push_back({sp, n > 0 ? n - 1 : 0});
+    }
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.s->id < b.s->id; });
+  if (rows.size() > max) rows.resize(max);
+  // The pool has its own lock; it is never taken under mu_.
+  const int64_t now = now_ms();
+  std::vector<wire::ClientInfo> out;
+  out.reserve(rows.size());
+  for (const Row& r : rows) {
+    const Session& s = *r.s;
+    wire::ClientInfo c;
+    c.session_id = s.id;
+    c.client_id = s.client_id;
+    c.leased = pool_->leased_bytes(s.id);
+    c.bytes_read = s.bytes_read.load(std::memory_order_relaxed);
+    c.bytes_written = s.bytes_written.load(std::memory_order_relaxed);
+    c.reads = s.reads.load(std::memory_order_relaxed);
+    c.writes = s.writes.load(std::memory_order_relaxed);
+    c.age_ms = static_cast<uint64_t>(std::max<int64_t>(0, now - s.opened_ms));
+    c.data_conns = r.data_conns;
+    c.idle_ms = static_cast<uint32_t>(
+        std::clamp<int64_t>(now - s.last_frame_ms.load(), 0, int64_t{UINT32_MAX}));
+    c.peer = s.peer;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+namespace {
+
+// Prometheus text format 0.0.4: one family = # HELP, # TYPE, its samples.
+// Label values escape backslash, double quote and newline.
+void prom_family(std::string& out, const char* name, const char* type, const char* help) {
+  out += "# HELP ";
+  out += name;
+  out += ' ';
+  out += help;
+  out += "\n# TYPE ";
+  out += name;
+  out += ' ';
+  out += type;
+  out += '\n';
+}
+
+void prom_label_value(std::string& out, std::string_view v) {
+  out += '"';
+  for (char ch : v) {
+    if (ch == '\\')
+      out += "\\\\";
+    else if (ch == '"')
+      out += "\\\"";
+    else if (ch == '\n')
+      out += "\\n";
+    else
+      out += ch;
+  }
+  out += '"';
+}
+
+void prom_sample(std::string& out, const char* name, uint64_t v) {
+  out += name;
+  out += ' ';
+  out += std::to_string(v);
+  out += '\n';
+}
+
+std::string hex64(uint64_t v) {
+  char b[17];
+  snprintf(b, sizeof b, "%016" PRIx64, v);
+  return b;
+}
+
+}  // namespace
+
+std::string DonorServer::Impl::prometheus_text() const {
+  const wire::StatsReply st = stats();
+  const std::vector<wire::ClientInfo> cl = clients(0, SIZE_MAX);
+  std::string o;
+  o.reserve(4096 + cl.size() * 600);
+  struct G {
+    const char* name;
+    const char* type;
+    const char* help;
+    uint64_t v;
+  };
+  const G totals[] = {
+      {"farmem_donor_capacity_bytes", "gauge", "Memory this donor lends at most.", st.capacity},
+      {"farmem_donor_leased_bytes", "gauge", "Donor memory currently leased to clients.",
+       st.leased},
+      {"farmem_donor_free_bytes", "gauge",
+       "Donor memory not leased now (capacity - leased; released slabs count once zeroed).",
+       st.capacity - std::min(st.capacity, st.leased)},
+      {"farmem_donor_slab_size_bytes", "gauge", "Lease granularity.", st.slab_size},
+      {"farmem_donor_clients", "gauge", "Client sessions alive now.", st.clients},
+      {"farmem_donor_connections", "gauge", "TCP connections open now (control and data).",
+       st.connections},
+      {"farmem_donor_read_bytes_total", "counter", "Bytes served to clients by READ.",
+       st.bytes_read},
+      {"farmem_donor_written_bytes_total", "counter", "Bytes received from clients by WRITE.",
+       st.bytes_written},
+      {"farmem_donor_reads_total", "counter", "READ requests served.", st.reads},
+      {"farmem_donor_writes_total", "counter", "WRITE requests served.", st.writes},
+      {"farmem_donor_errors_total", "counter", "ERROR frames sent (refused requests).", st.errors},
+      {"farmem_donor_sessions_expired_total", "counter",
+       "Sessions whose leases were released after missed heartbeats.", st.sessions_expired},
+      {"farmem_donor_start_time_seconds", "gauge", "Start time of the donor, seconds since 1970.",
+       static_cast<uint64_t>(started_unix_s_)},
+  };
+  for (const G& g : totals) {
+    prom_family(o, g.name, g.type, g.help);
+    prom_sample(o, g.name, g.v);
+  }
+  prom_family(o, "farmem_donor_info", "gauge",
+              "Constant 1, labelled with this donor's instance id and data transport.");
+  o += "farmem_donor_info{instance=\"" + hex64(instance_id_) + "\",transport=\"tcp\"} 1\n";
+
+  struct PerClient {
+    const char* name;
+    const char* type;
+    const char* help;
+    uint64_t wire::ClientInfo::*field;
+  };
+  const PerClient per[] = {
+      {"farmem_donor_client_leased_bytes", "gauge", "Donor memory leased to one client session.",
+       &wire::ClientInfo::leased},
+      {"farmem_donor_client_read_bytes_total", "counter",
+       "Bytes served by READ to one client session.", &wire::ClientInfo::bytes_read},
+      {"farmem_donor_client_written_bytes_total", "counter",
+       "Bytes received by WRITE from one client session.", &wire::ClientInfo::bytes_written},
+  };
+  for (const PerClient& f : per) {
+    prom_family(o, f.name, f.type, f.help);
+    for (const wire::ClientInfo& c : cl) {
+      o += f.name;
+      o += "{session=\"" + hex64(c.session_id) + "\",client=\"" + hex64(c.client_id) + "\",peer=";
+      prom_label_value(o, c.peer);
+      o += "} ";
+      o += std::to_string(c.*f.field);
+      o += '\n';
+    }
+  }
+  return o;
+}
+
+void DonorServer::Impl::metrics_loop() {
+  while (true) {
+    int fd = accept4(metrics_listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      {
+        std::lock_guard<std::mutex> lk(metrics_mu_);
+        if (metrics_stop_) return;
+      }
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      pollfd p{metrics_listen_.get(), 0, 0};
+      poll(&p, 1, 50);  // out of descriptors: back off instead of spinning
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lk(metrics_mu_);
+      if (metrics_stop_) {
+        close(fd);
+        return;
+      }
+      metrics_conn_ = fd;
+    }
+    serve_metrics(fd);
+    std::lock_guard<std::mutex> lk(metrics_mu_);
+    metrics_conn_ = -1;
+    close(fd);
+  }
+}
+
+void DonorServer::Impl::serve_metrics(int fd) {
+  // One request per connection; a scraper that does not send its request
+  // within 2 s is dropped so that it cannot hold the endpoint.
+  constexpr int64_t kRequestMs = 2000;
+  (void)set_socket_timeouts(fd, 0, static_cast<int>(kRequestMs));
+  const int64_t deadline = now_ms() + kRequestMs;
+  char req[4096];
+  size_t got = 0;
+  while (got < sizeof req) {
+    int64_t left = deadline - now_ms();
+    if (left <= 0) return;
+    pollfd pfd{fd, POLLIN, 0};
+    int r = poll(&pfd, 1, static_cast<int>(left));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return;
+    ssize_t n = recv(fd, req + got, sizeof req - got, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) return;
+    got += static_cast<size_t>(n);
+    if (std::string_view(req, got).find("\r\n\r\n") != std::string_view::npos ||
+        std::string_view(req, got).find("\n\n") != std::string_view::npos)
+      break;
+  }
+  std::string_view line(req, got);
+  line = line.substr(0, line.find_first_of("\r\n"));
+  // "METHOD SP TARGET SP HTTP/x.y"
+  size_t sp1 = line.find(' ');
+  size_t sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
+  std::string_view method = line.substr(0, sp1);
+  std::string_view target =
+      sp1 == std::string_view::npos ? std::string_view() : line.substr(sp1 + 1, sp2 - sp1 - 1);
+  if (size_t q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+  int code = 200;
+  std::string body;
+  const char* ctype = "text/plain; version=0.0.4; charset=utf-8";
+  if (sp2 == std::string_view::npos || !line.substr(sp2 + 1).starts_with("HTTP/")) {
+    code = 400;
+    body = "farmemd: malformed HTTP request line; ask with GET /metrics HTTP/1.0\n";
+  } else if (method != "GET" && method != "HEAD") {
+    code = 405;
+    body = "farmemd: only GET and HEAD are served; ask with GET /metrics\n";
+  } else if (target != "/metrics") {
+    code = 404;
+    body = "farmemd: nothing here; the Prometheus metrics are at /metrics\n";
+  } else {
+    body = prometheus_text();
+  }
+  if (code != 200) ctype = "text/plain; charset=utf-8";
+  const char* reason = code == 200   ? "OK"
+                       : code == 400 ? "Bad Request"
+                       : code == 404 ? "Not Found"
+                                     : "Method Not Allowed";
+  std::string resp = "HTTP/1.0 " + std::to_string(code) + " " + reason +
+                     "\r\nContent-Type: " + ctype +
+                     "\r\nContent-Length: " + std::to_string(body.size()) +
+                     (code == 405 ? "\r\nAllow: GET, HEAD" : "") + "\r\nConnection: close\r\n\r\n";
+  if (method != "HEAD") resp += body;
+  if (send_all(fd, resp.data(), resp.size()) == Errc::kOk) linger_close(fd);
+}
+
 void DonorServer::Impl::stop() {
   std::lock_guard<std::mutex> stop_lk(stop_mu_);
   {
@@ -882,8 +1341,20 @@ void DonorServer::Impl::stop() {
   }
   // shutdown() wakes a thread blocked in accept() on Linux.
   if (listen_.valid()) shutdown(listen_.get(), SHUT_RDWR);
+  if (metrics_listen_.valid()) shutdown(metrics_listen_.get(), SHUT_RDWR);
+  {
+    std::lock_guard<std::mutex> mlk(metrics_mu_);
+    metrics_stop_ = true;
+    if (metrics_conn_ >= 0) shutdown(metrics_conn_, SHUT_RDWR);
+  }
+  if (metrics_thread_.joinable()) metrics_thread_.join();
+  metrics_listen_.reset();
   if (accept_thread_.joinable()) accept_thread_.join();
   if (reaper_thread_.joinable()) reaper_thread_.join();
+#ifdef FARMEM_HAVE_VERBS
+  // Every QP disconnects now: the clients' ops on them complete at once.
+  if (verbs_) verbs_->stop();
+#endif
   std::list<std::unique_ptr<Conn>> conns;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -937,6 +1408,15 @@ uint64_t DonorServer::instance_id() const {
 }
 bool DonorServer::huge_pages() const {
   return impl_->pool_->huge_pages();
+}
+uint16_t DonorServer::metrics_port() const {
+  return impl_->metrics_port_;
+}
+std::vector<wire::ClientInfo> DonorServer::clients() const {
+  return impl_->clients(0, SIZE_MAX);
+}
+std::string DonorServer::prometheus_text() const {
+  return impl_->prometheus_text();
 }
 
 }  // namespace farmem

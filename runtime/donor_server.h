@@ -29,6 +29,7 @@
 //   kChallenged  | wrong MAC / unknown session   | closed       | ERROR
 //   kHello/kChal.| handshake_timeout_ms passes   | closed       | ERROR kTimeout
 //   kControl     | LEASE/RELEASE/HEARTBEAT/STATS | kControl     | reply or ERROR
+//                | /CLIENTS                      |              |
 //   kControl     | bad header / other type       | closed       | ERROR kProtocol
 //   kControl     | close, or silent for grace_ms | closed       | session ends: leases
 //                |                               |              | released, data closed
@@ -37,11 +38,25 @@
 //   kData        | bad header / other type       | closed       | ERROR kProtocol
 //   any          | a reply not taken within      | closed       | -
 //                | send_timeout_ms               |              |
+//
+// Metrics: with DonorOptions::metrics_listen set, one more thread serves
+// GET /metrics (HTTP/1.0, one request per connection, answered in turn) in
+// the Prometheus text exposition format 0.0.4:
+//
+//   $ curl -s 127.0.0.1:9400/metrics
+//   # HELP farmem_donor_leased_bytes Donor memory currently leased to clients.
+//   # TYPE farmem_donor_leased_bytes gauge
+//   farmem_donor_leased_bytes 134217728
+//   ...
+//
+// The figures are the ones STATS and CLIENTS report (prometheus_text()).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "runtime/parse.h"
 #include "runtime/status.h"
@@ -77,6 +92,10 @@ struct DonorOptions {
   uint32_t send_timeout_ms = 10000;
   // Open TCP connections at most (0: max_clients * 4 + 16). Refused beyond.
   uint32_t max_connections = 0;
+  // Prometheus endpoint (GET /metrics); nullopt = off. Port 0 picks a free
+  // port (metrics_port()). Meant for loopback or a management network:
+  // it needs no token, and shows the client list.
+  std::optional<Endpoint> metrics_listen;
 };
 
 class DonorServer {
@@ -93,6 +112,13 @@ class DonorServer {
   wire::StatsReply stats() const;
   uint64_t instance_id() const;
   bool huge_pages() const;  // donor memory is on MAP_HUGETLB pages
+  // The bound metrics port; 0 when metrics_listen is off.
+  uint16_t metrics_port() const;
+  // The live sessions, ascending by session id (what CLIENTS pages through).
+  std::vector<wire::ClientInfo> clients() const;
+  // The metrics page: every figure of stats() and clients() in the
+  // Prometheus text format 0.0.4.
+  std::string prometheus_text() const;
 
   class Impl;
 

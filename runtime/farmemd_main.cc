@@ -47,12 +47,15 @@ constexpr FlagDef kFlags[] = {
      "shared secret that clients must prove they hold (chmod 600 the file)"},
     {"insecure", nullptr, "off",
      "run without a token: ANY client that reaches the port gets in (tests only)"},
-    {"transport", "auto|tcp|verbs", "auto", "data path; auto means tcp in this build"},
+    {"transport", "auto|tcp|verbs", "auto", "data path; auto: verbs too when an RDMA device owns the listen address"},
     {"max-clients", "N", "256", "client sessions served at once"},
     {"quota-per-client", "SIZE", "0", "most one client may lease; 0 = up to --capacity"},
     {"heartbeat-interval", "DURATION", "1s", "heartbeat period asked of clients"},
     {"heartbeat-grace", "DURATION", "5s",
      "a client silent this long loses its leases (e.g. 500ms, 5s)"},
+    {"metrics-listen", "[HOST:]PORT", "off",
+     "serve Prometheus metrics at http://HOST:PORT/metrics (HOST defaults to 127.0.0.1; no "
+     "token is asked: keep it on loopback or a management network)"},
     {"log-level", "error|warn|info|debug", "info", "messages on stderr at or above this level"},
     {"config", "FILE", "none", "read `key = value` lines (long flag names, # comments) first"},
     {"help", nullptr, "", "print this help and exit"},
@@ -131,6 +134,18 @@ Status apply(Settings* s, const FlagDef& f, std::string_view v, const std::strin
                         "%s=%.*s is not valid: expected a multiple of 4 KiB (e.g. 1M, 64M)",
                         what.c_str(), static_cast<int>(v.size()), v.data());
     (name == "capacity" ? o.capacity : name == "slab-size" ? o.slab_size : o.quota_per_client) = *r;
+  } else if (name == "metrics-listen") {
+    if (v == "off" || v == "none") {
+      o.metrics_listen.reset();
+      return ok_status();
+    }
+    // "9400" and ":9400" mean loopback.
+    std::string full(v);
+    if (full.find(':') == std::string::npos) full = "127.0.0.1:" + full;
+    if (full.front() == ':') full = "127.0.0.1" + full;
+    auto r = parse_listen(full, what);
+    if (!r.ok()) return r.status();
+    o.metrics_listen = *r;
   } else if (name == "token-file") {
     if (v.empty())
       return make_error(Errc::kInvalidArgument, "%s is empty: expected a file name", what.c_str());
@@ -263,10 +278,6 @@ int run(int argc, char** argv) {
     usage_error("--heartbeat-grace (" + std::to_string(o.grace_ms) +
                 " ms) must be longer than --heartbeat-interval (" + std::to_string(o.heartbeat_ms) +
                 " ms)");
-  if (o.transport == DonorTransportMode::kVerbs)
-    usage_error(
-        "--transport=verbs: verbs transport not available in this build yet; use --transport "
-        "tcp");
   if (!s.token_file.empty()) {
     auto t = read_token_file(s.token_file);
     if (!t.ok()) usage_error("--token-file: " + t.status().message());
@@ -299,6 +310,11 @@ int run(int argc, char** argv) {
          "\n",
          bound.to_string().c_str(), format_size(o.capacity).c_str(),
          format_size(o.slab_size).c_str(), d.huge_pages() ? ", huge pages" : "", d.instance_id());
+  if (o.metrics_listen) {
+    Endpoint m = *o.metrics_listen;
+    m.port = d.metrics_port();
+    printf("farmemd metrics at http://%s/metrics\n", m.to_string().c_str());
+  }
   fflush(stdout);
 
   int sig = 0;

@@ -7,7 +7,7 @@
 //   auto slabs = (*s)->lease(64 << 20);
 //   for (auto& d : *slabs) (void)t.add_slab(0, d);
 //   (void)t.register_buffer(buf, buf_len);
-//   auto q = std::move(*t.open_queue());               // one per thread
+//   auto q = t.open_queue().value();                    // one per thread
 //   farmem::IoOp op{farmem::IoKind::kRead, 4096, {0, (*slabs)[0].slab, 0}, buf, 7};
 //   q->post({&op, 1});                                  // never waits for the reply
 //   farmem::IoCompletion c[8];

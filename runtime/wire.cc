@@ -1,5 +1,7 @@
 #include "runtime/wire.h"
 
+#include <algorithm>
+
 namespace farmem::wire {
 namespace {
 
@@ -49,6 +51,10 @@ SizeRule size_rule(MsgType t) noexcept {
       return {0, true};
     case MsgType::kError:
       return {4 + kMaxErrorMessage, false};
+    case MsgType::kClients:
+      return {8, true};
+    case MsgType::kClientsReply:
+      return {8 + kMaxClientsPerReply * kClientInfoSize, false};
   }
   return {0, true};
 }
@@ -114,6 +120,10 @@ const char* msg_type_name(MsgType t) noexcept {
       return "WRITTEN";
     case MsgType::kError:
       return "ERROR";
+    case MsgType::kClients:
+      return "CLIENTS";
+    case MsgType::kClientsReply:
+      return "CLIENTS_REPLY";
   }
   return "UNKNOWN";
 }
@@ -251,6 +261,37 @@ void encode_error(std::vector<uint8_t>& out, uint64_t tag, Errc code, std::strin
   std::memcpy(p + 4, message.data(), message.size());
 }
 
+void encode_clients(std::vector<uint8_t>& out, uint64_t tag, const ClientsReq& m) {
+  uint8_t* p = begin_frame(out, MsgType::kClients, tag, 8);
+  put_u64(p, m.after_session);
+}
+
+void encode_clients_reply(std::vector<uint8_t>& out, uint64_t tag, const ClientsReply& m) {
+  size_t n = std::min<size_t>(m.clients.size(), kMaxClientsPerReply);
+  uint8_t* p =
+      begin_frame(out, MsgType::kClientsReply, tag, static_cast<uint32_t>(8 + n * kClientInfoSize));
+  put_u32(p, m.total);
+  put_u16(p + 4, static_cast<uint16_t>(n));
+  p[6] = m.more ? 1 : 0;
+  for (size_t i = 0; i < n; ++i) {
+    const ClientInfo& c = m.clients[i];
+    uint8_t* d = p + 8 + i * kClientInfoSize;
+    put_u64(d, c.session_id);
+    put_u64(d + 8, c.client_id);
+    put_u64(d + 16, c.leased);
+    put_u64(d + 24, c.bytes_read);
+    put_u64(d + 32, c.bytes_written);
+    put_u64(d + 40, c.reads);
+    put_u64(d + 48, c.writes);
+    put_u64(d + 56, c.age_ms);
+    put_u32(d + 64, c.data_conns);
+    put_u32(d + 68, c.idle_ms);
+    size_t len = std::min(c.peer.size(), kMaxPeerName);
+    put_u16(d + 72, static_cast<uint16_t>(len));
+    std::memcpy(d + 80, c.peer.data(), len);
+  }
+}
+
 void encode_empty(std::vector<uint8_t>& out, MsgType type, uint64_t tag) {
   begin_frame(out, type, tag, 0);
 }
@@ -380,6 +421,59 @@ Status decode_error(std::span<const uint8_t> p, ErrorMsg* m) {
   m->code = code == 0 || code > static_cast<uint16_t>(Errc::kCancelled) ? Errc::kInternal
                                                                         : static_cast<Errc>(code);
   m->message.assign(reinterpret_cast<const char*>(p.data() + 4), p.size() - 4);
+  return ok_status();
+}
+
+Status decode_clients(std::span<const uint8_t> p, ClientsReq* m) {
+  FARMEM_RETURN_IF_ERROR(need_size(p, 8, "CLIENTS"));
+  m->after_session = get_u64(p.data());
+  return ok_status();
+}
+
+Status decode_clients_reply(std::span<const uint8_t> p, ClientsReply* m) {
+  if (p.size() < 8)
+    return make_error(Errc::kProtocol, "CLIENTS_REPLY payload of %zu bytes, at least 8 needed",
+                      p.size());
+  m->total = get_u32(p.data());
+  uint16_t n = get_u16(p.data() + 4);
+  uint8_t more = p[6];
+  if (n > kMaxClientsPerReply)
+    return make_error(Errc::kProtocol, "CLIENTS_REPLY lists %u clients, at most %u allowed", n,
+                      kMaxClientsPerReply);
+  FARMEM_RETURN_IF_ERROR(need_size(p, 8 + size_t{n} * kClientInfoSize, "CLIENTS_REPLY"));
+  if (more > 1)
+    return make_error(Errc::kProtocol, "CLIENTS_REPLY more flag is %u, expected 0 or 1", more);
+  if (more == 1 && n == 0)
+    return make_error(Errc::kProtocol,
+                      "CLIENTS_REPLY says more follow but lists none: the next page cannot be "
+                      "asked for");
+  m->more = more == 1;
+  m->clients.resize(n);
+  uint64_t prev = 0;
+  for (uint16_t i = 0; i < n; ++i) {
+    const uint8_t* d = p.data() + 8 + size_t{i} * kClientInfoSize;
+    ClientInfo& c = m->clients[i];
+    c.session_id = get_u64(d);
+    if (c.session_id <= prev)
+      return make_error(Errc::kProtocol,
+                        "CLIENTS_REPLY entry %u: session ids must be non-zero and ascending", i);
+    prev = c.session_id;
+    c.client_id = get_u64(d + 8);
+    c.leased = get_u64(d + 16);
+    c.bytes_read = get_u64(d + 24);
+    c.bytes_written = get_u64(d + 32);
+    c.reads = get_u64(d + 40);
+    c.writes = get_u64(d + 48);
+    c.age_ms = get_u64(d + 56);
+    c.data_conns = get_u32(d + 64);
+    c.idle_ms = get_u32(d + 68);
+    uint16_t len = get_u16(d + 72);
+    if (len > kMaxPeerName)
+      return make_error(Errc::kProtocol,
+                        "CLIENTS_REPLY entry %u: peer name of %u bytes, at most %zu", i, len,
+                        kMaxPeerName);
+    c.peer.assign(reinterpret_cast<const char*>(d + 80), len);
+  }
   return ok_status();
 }
 

@@ -19,7 +19,7 @@
 //                       ◀────────── CHALLENGE(nonce, instance id)
 //   AUTH(hmac) ───────────────────▶            (token holders only)
 //                       ◀────────── WELCOME(session id + secret, limits)
-//   LEASE / RELEASE / HEARTBEAT / STATS ...
+//   LEASE / RELEASE / HEARTBEAT / STATS / CLIENTS ...
 //
 //   HELLO(role=data) ─────────────▶
 //                       ◀────────── CHALLENGE(nonce, instance id)
@@ -54,6 +54,21 @@
 //   WRITTEN    (empty)
 //   ERROR      0 code u16 (farmem::Errc) | 2 pad u16 | 4 message (UTF-8,
 //              at most kMaxErrorMessage bytes, no terminator)
+//   CLIENTS    0 after_session u64                               = 8
+//              (control connections only: token holders; lists the
+//              sessions whose id is above after_session, ascending)
+//   CLIENTS_REPLY
+//              0 total u32 | 4 count u16 | 6 more u8 | 7 pad u8 |
+//              8 count x ClientInfo                     = 8 + 128n, n <= 30
+//              total: sessions alive now; more = 1: ask again with
+//              after_session = the last listed session id
+//              ClientInfo:
+//              0 session_id u64 | 8 client_id u64 | 16 leased u64 |
+//              24 bytes_read u64 | 32 bytes_written u64 | 40 reads u64 |
+//              48 writes u64 | 56 age_ms u64 (since the session opened) |
+//              64 data_conns u32 | 68 idle_ms u32 (since the last control
+//              frame) | 72 peer_len u16 | 74 pad[6] | 80 peer[48] (UTF-8
+//              "host:port", peer_len bytes used, rest zero)    = 128
 //
 // Validation: a header whose type is unknown, whose flags are non-zero or
 // whose payload_len is not allowed for its type is a protocol error and the
@@ -108,8 +123,10 @@ enum class MsgType : uint16_t {
   kWrite = 17,
   kWritten = 18,
   kError = 19,
+  kClients = 20,
+  kClientsReply = 21,
 };
-inline constexpr uint16_t kMaxMsgType = 19;
+inline constexpr uint16_t kMaxMsgType = 21;
 
 const char* msg_type_name(MsgType t) noexcept;
 
@@ -204,6 +221,34 @@ struct IoReq {  // READ and WRITE request prefix
 };
 inline constexpr size_t kIoReqSize = 16;
 
+// One session in CLIENTS_REPLY.
+inline constexpr size_t kClientInfoSize = 128;
+inline constexpr size_t kMaxPeerName = 48;
+inline constexpr uint32_t kMaxClientsPerReply = 30;
+static_assert(8 + kMaxClientsPerReply * kClientInfoSize <= kMaxControlPayload);
+
+struct ClientsReq {
+  uint64_t after_session = 0;  // 0: from the first
+};
+struct ClientInfo {
+  uint64_t session_id = 0;
+  uint64_t client_id = 0;
+  uint64_t leased = 0;
+  uint64_t bytes_read = 0;  // served to this session by READ
+  uint64_t bytes_written = 0;
+  uint64_t reads = 0;
+  uint64_t writes = 0;
+  uint64_t age_ms = 0;
+  uint32_t data_conns = 0;
+  uint32_t idle_ms = 0;
+  std::string peer;  // at most kMaxPeerName bytes on the wire (longer is cut)
+};
+struct ClientsReply {
+  uint32_t total = 0;  // sessions alive when the page was taken
+  bool more = false;   // another page follows: ask with the last session id
+  std::vector<ClientInfo> clients;
+};
+
 struct ErrorMsg {
   Errc code = Errc::kInternal;
   std::string message;
@@ -222,6 +267,9 @@ void encode_stats_reply(std::vector<uint8_t>& out, uint64_t tag, const StatsRepl
 void encode_io_req(std::vector<uint8_t>& out, MsgType type, uint64_t tag, const IoReq& m,
                    const void* write_data);
 void encode_error(std::vector<uint8_t>& out, uint64_t tag, Errc code, std::string_view message);
+void encode_clients(std::vector<uint8_t>& out, uint64_t tag, const ClientsReq& m);
+// Lists at most kMaxClientsPerReply entries (the rest are dropped).
+void encode_clients_reply(std::vector<uint8_t>& out, uint64_t tag, const ClientsReply& m);
 // A frame with an empty payload (ATTACHED, RELEASED, HEARTBEAT, ...).
 void encode_empty(std::vector<uint8_t>& out, MsgType type, uint64_t tag);
 // Only the header of a frame whose payload the caller sends separately
@@ -243,6 +291,8 @@ Status decode_stats_reply(std::span<const uint8_t> p, StatsReply* m);
 // For WRITE, `p` may be just the 16-byte prefix; the data follows it.
 Status decode_io_req(std::span<const uint8_t> p, IoReq* m);
 Status decode_error(std::span<const uint8_t> p, ErrorMsg* m);
+Status decode_clients(std::span<const uint8_t> p, ClientsReq* m);
+Status decode_clients_reply(std::span<const uint8_t> p, ClientsReply* m);
 
 // Feeds a byte stream and yields whole validated frames. Used by the fuzz
 // target and by anything that parses from a buffer instead of a socket.

@@ -141,6 +141,12 @@ if ! command -v apt-get >/dev/null 2>&1; then
   log "this is not a Debian-like system (no apt-get); install the equivalents of: ${missing[*]}"
   exit 1
 fi
+if [[ $(id -u) -ne 0 ]] && ! command -v sudo >/dev/null 2>&1; then
+  log "missing packages: ${missing[*]}"
+  log "installing them needs root and there is no sudo; as root, run:"
+  log "  apt-get update && apt-get install -y --no-install-recommends ${missing[*]}"
+  exit 1
+fi
 
 lists_present || apt_update
 for p in "${missing[@]}"; do

@@ -1,13 +1,13 @@
 // Extent hooks: alloc, dalloc, destroy, commit, decommit, purge, split and
 // merge, called through the extent_hooks_t table exactly as jemalloc calls
 // them, over a fake backing that records what the pager would be told.
+#include "allocator/extent_space.h"
+
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
 #include <cstring>
 #include <vector>
-
-#include "allocator/extent_space.h"
 
 namespace farmem {
 namespace {
@@ -19,8 +19,8 @@ constexpr size_t kPage = 4096;
 class FakeBacking final : public FarBacking {
  public:
   FakeBacking(size_t size, uint32_t block) : size_(size), block_(block) {
-    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) abort();
     base_ = static_cast<char*>(p);
   }
@@ -171,10 +171,10 @@ TEST_F(ExtentHooksTest, CommitSucceedsDecommitAndPurgeDrop) {
   EXPECT_FALSE(h_->decommit(h_, a, 8 * kPage, kPage, 2 * kPage, 7));
   EXPECT_FALSE(h_->purge_forced(h_, a, 8 * kPage, 4 * kPage, kPage, 7));
   EXPECT_FALSE(h_->purge_lazy(h_, a, 8 * kPage, 6 * kPage, kPage, 7));
-  EXPECT_EQ(backing_.discards, (std::vector<FakeBacking::Call>{
-                                   {static_cast<ptrdiff_t>(kPage), 2 * kPage},
-                                   {static_cast<ptrdiff_t>(4 * kPage), kPage},
-                                   {static_cast<ptrdiff_t>(6 * kPage), kPage}}));
+  EXPECT_EQ(backing_.discards,
+            (std::vector<FakeBacking::Call>{{static_cast<ptrdiff_t>(kPage), 2 * kPage},
+                                            {static_cast<ptrdiff_t>(4 * kPage), kPage},
+                                            {static_cast<ptrdiff_t>(6 * kPage), kPage}}));
   // Dropped pages read zeros (invariant 2), the others kept their bytes.
   const char expect[8] = {0x5a, 0, 0, 0x5a, 0, 0x5a, 0, 0x5a};
   for (int pg = 0; pg < 8; ++pg) {
@@ -237,8 +237,8 @@ TEST_F(BigBlockTest, PartialBlocksAreZeroedNotDiscarded) {
   memset(a, 0x77, 4 * kBlock);
   // [1 page, 1 page + 2 blocks): a partial edge on each side, one whole block.
   EXPECT_FALSE(h_->purge_forced(h_, a, 4 * kBlock, kPage, 2 * kBlock, 7));
-  EXPECT_EQ(backing_.discards, (std::vector<FakeBacking::Call>{{static_cast<ptrdiff_t>(kBlock),
-                                                                 kBlock}}));
+  EXPECT_EQ(backing_.discards,
+            (std::vector<FakeBacking::Call>{{static_cast<ptrdiff_t>(kBlock), kBlock}}));
   for (size_t i = 0; i < 4 * kBlock; ++i) {
     const bool dropped = i >= kPage && i < kPage + 2 * kBlock;
     ASSERT_EQ(a[i], dropped ? 0 : 0x77) << "byte " << i;

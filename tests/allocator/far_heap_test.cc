@@ -1,13 +1,14 @@
 // FarHeap on a real pager (loopback donor): jemalloc arena + extent hooks,
 // data integrity under eviction, dropping of freed pages (invariant 2),
 // metadata kept local.
+#include "allocator/far_heap.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <thread>
 #include <vector>
 
-#include "allocator/far_heap.h"
 #include "pager/pager.h"
 #include "pager/remote_map.h"
 #include "pager/uffd.h"
@@ -16,9 +17,9 @@
 namespace farmem {
 namespace {
 
-#define SKIP_WITHOUT_UFFD()                                                  \
-  do {                                                                       \
-    std::string why_ = Uffd::unavailable_reason();                           \
+#define SKIP_WITHOUT_UFFD()                                                      \
+  do {                                                                           \
+    std::string why_ = Uffd::unavailable_reason();                               \
     if (!why_.empty()) GTEST_SKIP() << "userfaultfd unavailable here: " << why_; \
   } while (0)
 

@@ -12,10 +12,10 @@
 
 namespace {
 
-#define SKIP_WITHOUT_UFFD()                                                         \
-  do {                                                                              \
-    std::string why_ = farmem::Uffd::unavailable_reason();                          \
-    if (!why_.empty()) GTEST_SKIP() << "userfaultfd unavailable here: " << why_;    \
+#define SKIP_WITHOUT_UFFD()                                                      \
+  do {                                                                           \
+    std::string why_ = farmem::Uffd::unavailable_reason();                       \
+    if (!why_.empty()) GTEST_SKIP() << "userfaultfd unavailable here: " << why_; \
   } while (0)
 
 bool contains(const char* haystack, const char* needle) {
@@ -34,7 +34,9 @@ class FmApi : public ::testing::Test {
     ASSERT_EQ(fm_init(&c), 0) << fm_last_error();
   }
   void TearDown() override {
-    if (fm_is_running()) EXPECT_EQ(fm_shutdown(), 0);
+    if (fm_is_running()) {
+      EXPECT_EQ(fm_shutdown(), 0);
+    }
   }
 };
 

@@ -357,12 +357,77 @@ TEST(PagerTest, SequentialScanHitsPrefetchedPages) {
     ASSERT_EQ(memcmp(mem + pg * kPage, expect.data(), kPage), 0) << "page " << pg;
   }
   const PagerStats s = p.stats();
-  const uint64_t used = s.prefetch_used - before.prefetch_used;
+  const uint64_t used =
+      s.prefetch_used - before.prefetch_used + s.prefetch_mapped - before.prefetch_mapped;
   const uint64_t demand = s.faults_remote - before.faults_remote;
   EXPECT_GT(used, n * 3 / 4) << s.to_string();
   EXPECT_LT(demand, n / 8) << s.to_string();
-  EXPECT_LE(s.prefetch_used, s.prefetch_issued);
+  EXPECT_LE(s.prefetch_used + s.prefetch_mapped, s.prefetch_issued);
+  EXPECT_GT(s.prefetch_mapped, 0u);
   printf("scan: %s\n", s.to_string().c_str());
+}
+
+// evict() (fm_evict): dirty blocks are written back, every block of the
+// range leaves local memory now, and reads back byte-exact later.
+TEST(PagerTest, EvictWritesBackAndDrops) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  LoopbackRig rig;
+  PagerConfig c = small_config(256, 4096);
+  c.prefetch = false;
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  const size_t n = 64;
+  write_pages(mem, 0, n);     // dirty
+  touch_pages(mem, 100, 32);  // clean zero pages
+  const uint64_t resident0 = p.resident_bytes();
+  ASSERT_TRUE(p.evict(mem, 200 * kPage).ok());
+  for (size_t pg = 0; pg < 200; ++pg) {
+    PageState s = p.state_of(mem + pg * kPage);
+    ASSERT_TRUE(s == PageState::kRemote || s == PageState::kEmpty) << pg << page_state_name(s);
+  }
+  EXPECT_EQ(p.state_of(mem), PageState::kRemote);
+  EXPECT_EQ(p.state_of(mem + 150 * kPage), PageState::kEmpty);
+  EXPECT_EQ(rig.donor.writes(), n);
+  EXPECT_EQ(p.resident_bytes(), resident0 - (n + 32) * kPage);
+  std::vector<uint8_t> expect(kPage);
+  for (size_t pg = 0; pg < n; ++pg) {
+    fill_page(expect.data(), pg, 0);
+    ASSERT_EQ(memcmp(mem + pg * kPage, expect.data(), kPage), 0) << "page " << pg;
+  }
+  EXPECT_EQ(rig.donor.reads(), n);
+  EXPECT_EQ(p.evict(mem + 1, kPage).code(), Errc::kInvalidArgument);
+}
+
+// prefetch() (fm_prefetch): remote blocks are fetched in batches and mapped,
+// so that reading them afterwards causes no fault and no further READ.
+TEST(PagerTest, PrefetchHintMapsRemoteBlocks) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  LoopbackRig rig;
+  PagerConfig c = small_config(256, 4096);
+  c.prefetch = false;
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  const size_t n = 100;
+  write_pages(mem, 0, n);
+  ASSERT_TRUE(p.evict(mem, n * kPage).ok());
+  rig.donor.reset_counters();
+  ASSERT_TRUE(p.prefetch(mem + 10, n * kPage - 20).ok());  // unaligned ends are fine
+  EXPECT_EQ(rig.donor.reads(), n);
+  for (size_t pg = 0; pg < n; ++pg) {
+    ASSERT_EQ(p.state_of(mem + pg * kPage), PageState::kPresent) << pg;
+  }
+  const PagerStats before = p.stats();
+  std::vector<uint8_t> expect(kPage);
+  for (size_t pg = 0; pg < n; ++pg) {
+    fill_page(expect.data(), pg, 0);
+    ASSERT_EQ(memcmp(mem + pg * kPage, expect.data(), kPage), 0) << "page " << pg;
+  }
+  const PagerStats s = p.stats();
+  EXPECT_EQ(s.faults_remote, before.faults_remote);
+  EXPECT_EQ(s.faults_victim, before.faults_victim);
+  EXPECT_EQ(rig.donor.reads(), n);
+  EXPECT_EQ(s.prefetch_mapped, n);
+  EXPECT_EQ(p.prefetch(mem + p.size(), kPage).code(), Errc::kInvalidArgument);
 }
 
 // discard(): the range reads as zeros again, its remote space is freed and

@@ -8,6 +8,7 @@
 #include "pager/page_table.h"
 #include "pager/prefetch.h"
 #include "pager/replacement_sim.h"
+#include "pager/uffd.h"
 
 namespace farmem {
 namespace {
@@ -208,6 +209,29 @@ TEST(ReplacementTest, ZipfTraceIsSkewed) {
   // The 10 hottest of 1000 items take roughly 39% of the accesses at 0.99.
   EXPECT_GT(top, 30000u);
   EXPECT_LT(top, 50000u);
+}
+
+TEST(UffdTest, PermissionErrorNamesTheFixes) {
+  Status s = uffd_permission_error(EPERM, EACCES);
+  EXPECT_EQ(s.code(), Errc::kPermissionDenied);
+  EXPECT_NE(s.message().find("CAP_SYS_PTRACE"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("vm.unprivileged_userfaultfd=1"), std::string::npos);
+  EXPECT_NE(s.message().find("/dev/userfaultfd"), std::string::npos);
+  EXPECT_NE(s.message().find("Operation not permitted"), std::string::npos);
+}
+
+TEST(UffdTest, DetectsFeaturesWhenAvailable) {
+  auto u = Uffd::open();
+  if (!u.ok()) {
+    EXPECT_EQ(u.status().code(), Errc::kPermissionDenied) << u.status().to_string();
+    GTEST_SKIP() << u.status().to_string();
+  }
+  const UffdFeatures& f = u->features();
+  EXPECT_TRUE(f.missing_wp);
+  EXPECT_EQ(f.to_string().rfind("missing+wp", 0), 0u) << f.to_string();
+  EXPECT_GE(u->fd(), 0);
+  printf("userfaultfd features: %s (raw 0x%llx)\n", f.to_string().c_str(),
+         static_cast<unsigned long long>(f.raw));
 }
 
 }  // namespace

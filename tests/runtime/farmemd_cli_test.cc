@@ -196,10 +196,12 @@ TEST(FarmemdCli, RefusesToStartWithoutATokenAndSaysHowToFixIt) {
   EXPECT_THAT(d.err, HasSubstr("--insecure"));
 }
 
-TEST(FarmemdCli, VerbsTransportIsNotAvailableYet) {
-  Daemon d({"--insecure", "--transport", "verbs"});
-  EXPECT_EQ(d.wait_exit(), 2);
-  EXPECT_THAT(d.err, HasSubstr("verbs transport not available in this build yet"));
+// The host has no RDMA device: verbs forced is a clear error at start-up.
+TEST(FarmemdCli, VerbsTransportWithoutRdmaDeviceIsAClearError) {
+  Daemon d({"--insecure", "--listen", "127.0.0.1:0", "--transport", "verbs"});
+  EXPECT_EQ(d.wait_exit(), 1);
+  EXPECT_THAT(d.err, HasSubstr("--transport verbs, but verbs cannot serve 127.0.0.1"));
+  EXPECT_THAT(d.err, HasSubstr("--transport tcp"));
 }
 
 TEST(FarmemdCli, ServesAClientAndStopsCleanlyOnSigterm) {

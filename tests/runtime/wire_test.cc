@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 
 namespace farmem::wire {
 namespace {
@@ -233,6 +234,124 @@ TEST(Wire, BodyValidation) {
   LeaseReq lr;
   uint8_t zero[8] = {};
   EXPECT_EQ(decode_lease({zero, 8}, &lr).code(), Errc::kInvalidArgument);
+}
+
+TEST(Wire, ClientsRoundTrip) {
+  std::vector<uint8_t> b;
+  encode_clients(b, 41, ClientsReq{0x0102030405060708ull});
+  ClientsReply r;
+  r.total = 33;
+  r.more = true;
+  for (uint32_t i = 0; i < kMaxClientsPerReply; ++i) {
+    ClientInfo c;
+    c.session_id = 1000 + i;
+    c.client_id = 0xC0FFEE00ull + i;
+    c.leased = (uint64_t{i} + 1) << 20;
+    c.bytes_read = 4096ull * i;
+    c.bytes_written = 8192ull * i + 1;
+    c.reads = i;
+    c.writes = 2ull * i;
+    c.age_ms = 60000 + i;
+    c.data_conns = i % 3;
+    c.idle_ms = 17 * i;
+    c.peer = "127.0.0." + std::to_string(i) + ":" + std::to_string(40000 + i);
+    r.clients.push_back(c);
+  }
+  // A peer name longer than the wire field is cut, not refused.
+  r.clients[5].peer = std::string(kMaxPeerName + 10, 'x');
+  encode_clients_reply(b, 41, r);
+  FrameParser p;
+  p.feed(b);
+  FrameParser::Frame f;
+  ASSERT_EQ(p.next(&f), Errc::kOk);
+  EXPECT_EQ(f.header.type, MsgType::kClients);
+  EXPECT_EQ(f.header.payload_len, 8u);
+  ClientsReq q;
+  ASSERT_TRUE(decode_clients(f.payload, &q).ok());
+  EXPECT_EQ(q.after_session, 0x0102030405060708ull);
+  ASSERT_EQ(p.next(&f), Errc::kOk);
+  EXPECT_EQ(f.header.type, MsgType::kClientsReply);
+  EXPECT_EQ(f.header.tag, 41u);
+  EXPECT_EQ(f.header.payload_len, 8 + kMaxClientsPerReply * kClientInfoSize);
+  ClientsReply d;
+  ASSERT_TRUE(decode_clients_reply(f.payload, &d).ok());
+  EXPECT_EQ(d.total, 33u);
+  EXPECT_TRUE(d.more);
+  ASSERT_EQ(d.clients.size(), kMaxClientsPerReply);
+  for (uint32_t i = 0; i < kMaxClientsPerReply; ++i) {
+    const ClientInfo& a = r.clients[i];
+    const ClientInfo& c = d.clients[i];
+    EXPECT_EQ(c.session_id, a.session_id);
+    EXPECT_EQ(c.client_id, a.client_id);
+    EXPECT_EQ(c.leased, a.leased);
+    EXPECT_EQ(c.bytes_read, a.bytes_read);
+    EXPECT_EQ(c.bytes_written, a.bytes_written);
+    EXPECT_EQ(c.reads, a.reads);
+    EXPECT_EQ(c.writes, a.writes);
+    EXPECT_EQ(c.age_ms, a.age_ms);
+    EXPECT_EQ(c.data_conns, a.data_conns);
+    EXPECT_EQ(c.idle_ms, a.idle_ms);
+    EXPECT_EQ(c.peer, i == 5 ? std::string(kMaxPeerName, 'x') : a.peer);
+  }
+  FrameParser::Frame extra;
+  EXPECT_EQ(p.next(&extra), Errc::kNotFound);
+
+  // An empty last page.
+  b.clear();
+  encode_clients_reply(b, 42, ClientsReply{0, false, {}});
+  ASSERT_EQ(b.size(), kHeaderSize + 8);
+  ASSERT_TRUE(decode_clients_reply({b.data() + kHeaderSize, 8}, &d).ok());
+  EXPECT_EQ(d.total, 0u);
+  EXPECT_FALSE(d.more);
+  EXPECT_TRUE(d.clients.empty());
+}
+
+TEST(Wire, ClientsReplyValidation) {
+  ClientsReply r;
+  r.total = 2;
+  r.clients.resize(2);
+  r.clients[0].session_id = 5;
+  r.clients[0].peer = "a:1";
+  r.clients[1].session_id = 9;
+  std::vector<uint8_t> b;
+  encode_clients_reply(b, 1, r);
+  std::vector<uint8_t> pl(b.begin() + kHeaderSize, b.end());
+  ClientsReply d;
+  ASSERT_TRUE(decode_clients_reply(pl, &d).ok());
+
+  auto bad = pl;
+  put_u16(bad.data() + 4, 3);  // claims 3 entries, carries 2
+  EXPECT_EQ(decode_clients_reply(bad, &d).code(), Errc::kProtocol);
+  bad = pl;
+  put_u16(bad.data() + 4, kMaxClientsPerReply + 1);
+  EXPECT_EQ(decode_clients_reply(bad, &d).code(), Errc::kProtocol);
+  bad = pl;
+  bad[6] = 2;  // more is a flag
+  EXPECT_EQ(decode_clients_reply(bad, &d).code(), Errc::kProtocol);
+  bad = pl;
+  put_u16(bad.data() + 8 + 72, kMaxPeerName + 1);
+  EXPECT_EQ(decode_clients_reply(bad, &d).code(), Errc::kProtocol);
+  bad = pl;
+  put_u64(bad.data() + 8 + kClientInfoSize, 5);  // not ascending
+  EXPECT_EQ(decode_clients_reply(bad, &d).code(), Errc::kProtocol);
+  bad = pl;
+  put_u64(bad.data() + 8, 0);  // session 0 is nobody
+  EXPECT_EQ(decode_clients_reply(bad, &d).code(), Errc::kProtocol);
+  uint8_t more_but_none[8] = {0, 0, 0, 0, 0, 0, 1, 0};
+  EXPECT_EQ(decode_clients_reply({more_but_none, 8}, &d).code(), Errc::kProtocol);
+  EXPECT_EQ(decode_clients_reply({more_but_none, 4}, &d).code(), Errc::kProtocol);
+
+  ClientsReq q;
+  EXPECT_EQ(decode_clients({more_but_none, 4}, &q).code(), Errc::kProtocol);
+  // The header rule bounds CLIENTS_REPLY and fixes CLIENTS at 8 bytes.
+  uint8_t h[kHeaderSize];
+  Header hd;
+  encode_frame_header(h, MsgType::kClientsReply, 1,
+                      8 + (kMaxClientsPerReply + 1) * kClientInfoSize);
+  EXPECT_EQ(decode_header(h, &hd), Errc::kProtocol);
+  encode_frame_header(h, MsgType::kClients, 1, 0);
+  EXPECT_EQ(decode_header(h, &hd), Errc::kProtocol);
+  EXPECT_STREQ(msg_type_name(MsgType::kClientsReply), "CLIENTS_REPLY");
 }
 
 TEST(Wire, BrokenStreamStaysBroken) {

@@ -102,7 +102,8 @@ case "$accel" in
   auto) if real_kvm; then accel=kvm; else accel=tcg; fi ;;
   *) softroce_die "--accel '$accel': use tcg, kvm or auto" ;;
 esac
-guest_dir="$("$SOFTROCE_TOOLS_DIR/prepare.sh")" || {
+# Through bash: the scripts work without their executable bits.
+guest_dir="$(bash "$SOFTROCE_TOOLS_DIR/prepare.sh")" || {
   rc=$?
   ((rc == SOFTROCE_SKIP)) && { printf '%s\n' "$guest_dir"; exit "$SOFTROCE_SKIP"; }
   softroce_die "prepare.sh failed (exit $rc)"

@@ -169,5 +169,6 @@ if [[ -n "$probe" ]]; then
 fi
 probe_args=()
 [[ -n "$probe" ]] && probe_args=(--probe "$probe")
-exec "$SOFTROCE_TOOLS_DIR/run.sh" "${shares[@]}" "${run_args[@]}" -- \
-  "$SOFTROCE_TOOLS_DIR/smoke.sh" --in-guest "${probe_args[@]}"
+# Through bash: the scripts work without their executable bits.
+exec bash "$SOFTROCE_TOOLS_DIR/run.sh" "${shares[@]}" "${run_args[@]}" -- \
+  bash "$SOFTROCE_TOOLS_DIR/smoke.sh" --in-guest "${probe_args[@]}"
