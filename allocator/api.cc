@@ -3,6 +3,7 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -187,6 +188,12 @@ int fm_init(const fm_config* c) noexcept {
     if (c->prefetch >= 0) o.pager.prefetch = c->prefetch != 0;
     if (c->decay_ms >= 0) o.decay_ms = c->decay_ms;
     if (c->connect_timeout_ms > 0) o.connect_timeout_ms = c->connect_timeout_ms;
+    // fm_config has no field for it: the operator's switch applies here too.
+    if (const char* v = getenv("FARMEM_STATS_SOCKET")) {
+      auto r = parse_uint(v, "FARMEM_STATS_SOCKET", 0, 1);
+      if (!r.ok()) return fail(EINVAL, "fm_init: %s", r.status().to_string().c_str());
+      o.stats_socket = *r == 1;
+    }
   }
   Status st = api_start(o);
   if (!st.ok()) {
@@ -315,28 +322,31 @@ size_t fm_usable_size(const void* ptr) noexcept {
   return rt->heap().usable_size(ptr);
 }
 
-static int hint(const char* fn, FarHint kind, const void* p, size_t len, bool advisory) {
+// The range is widened outward to whole blocks (allocator/far_backing.h).
+static int hint(const char* fn, FarHint kind, const void* p, size_t len) {
+  LocalScope local;  // the Status message below is local memory
   if (len == 0) return 0;
   FarRuntime* rt = nullptr;
   if (check_range(fn, p, len, &rt) != 0 || rt == nullptr) return -1;
-  int e = rt->backing().hint(kind, const_cast<void*>(p), len);
-  if (e == 0) return 0;
-  if (e == ENOTSUP && advisory) return 0;  // advice the pager cannot act on yet
-  return fail(e, "%s(%p, %zu): %s", fn, p, len,
-              e == ENOTSUP ? "not supported by this pager yet" : strerror(e));
+  Status st = rt->backing().hint(kind, const_cast<void*>(p), len);
+  if (st.ok()) {
+    t_error[0] = '\0';
+    return 0;
+  }
+  return fail(errno_of(st.code()), "%s: %s", fn, st.to_string().c_str());
 }
 
 int fm_prefetch(const void* p, size_t len) noexcept {
-  return hint("fm_prefetch", FarHint::kPrefetch, p, len, true);
+  return hint("fm_prefetch", FarHint::kPrefetch, p, len);
 }
 int fm_evict(const void* p, size_t len) noexcept {
-  return hint("fm_evict", FarHint::kEvict, p, len, true);
+  return hint("fm_evict", FarHint::kEvict, p, len);
 }
 int fm_pin(const void* p, size_t len) noexcept {
-  return hint("fm_pin", FarHint::kPin, p, len, false);
+  return hint("fm_pin", FarHint::kPin, p, len);
 }
 int fm_unpin(const void* p, size_t len) noexcept {
-  return hint("fm_unpin", FarHint::kUnpin, p, len, false);
+  return hint("fm_unpin", FarHint::kUnpin, p, len);
 }
 
 int fm_stats(fm_stats_t* out) noexcept {

@@ -5,10 +5,15 @@
 //   farmem::ExtentSpace space(&backing);
 //   space.drop(addr, len);          // -> Pager::discard for whole blocks
 //
-// Hints (prefetch / evict / pin) are here so that the C API and the
-// allocator are written against them today; the pager does not offer them
-// yet, so hint() answers ENOTSUP (see the report to the lead: Pager needs
-// prefetch(addr,len), evict(addr,len) = write back + drop, pin/unpin).
+// Hints (fm_prefetch / fm_evict / fm_pin / fm_unpin) go through hint() to
+// Pager::prefetch / evict / pin / unpin. The range is widened OUTWARD to
+// whole blocks: every block that holds a byte of [addr, addr+len) is
+// covered. None of the hints changes contents, so covering a neighbour's
+// bytes in a shared first or last block only moves or keeps them resident;
+// narrowing inward would make a hint on an object smaller than a block do
+// nothing, and a pin would not cover all of its bytes. pin and unpin widen
+// the same way, and pins are counted per block, so two objects sharing a
+// block are pinned and unpinned independently.
 #pragma once
 
 #include <cerrno>
@@ -16,6 +21,7 @@
 #include <cstdint>
 
 #include "pager/stats.h"
+#include "runtime/log.h"
 #include "runtime/status.h"
 
 namespace farmem {
@@ -32,8 +38,13 @@ class FarBacking {
   // [addr, addr+len), block-aligned: reads as zeros afterwards, and its
   // local budget and remote space are released (invariant 2).
   virtual Status discard(void* addr, size_t len) = 0;
-  // 0, or an errno value (ENOTSUP when the pager cannot do it).
-  virtual int hint(FarHint, void*, size_t) { return ENOTSUP; }
+  // [addr, addr+len) must lie inside [base(), base()+size()) (the caller
+  // checks); widened outward to whole blocks (see above).
+  virtual Status hint(FarHint, void* addr, size_t len) {
+    (void)addr;
+    (void)len;
+    return make_error(Errc::kInternal, "this far-memory backing does not take hints");
+  }
   virtual PagerStats stats() const = 0;
   virtual const char* transport_name() const = 0;
 
@@ -51,6 +62,26 @@ class PagerBacking final : public FarBacking {
   size_t size() const override { return p_->size(); }
   uint32_t block_size() const override { return p_->block_size(); }
   Status discard(void* addr, size_t len) override { return p_->discard(addr, len); }
+  Status hint(FarHint h, void* addr, size_t len) override {
+    const uintptr_t base = reinterpret_cast<uintptr_t>(p_->base());
+    const uintptr_t bs = p_->block_size();
+    const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+    const uintptr_t lo = base + (a - base) / bs * bs;
+    const uintptr_t hi = base + (a + len - base + bs - 1) / bs * bs;
+    void* start = reinterpret_cast<void*>(lo);
+    const size_t n = hi - lo;
+    switch (h) {
+      case FarHint::kPrefetch:
+        return p_->prefetch(start, n);
+      case FarHint::kEvict:
+        return p_->evict(start, n);
+      case FarHint::kPin:
+        return p_->pin(start, n);
+      case FarHint::kUnpin:
+        return p_->unpin(start, n);
+    }
+    return make_error(Errc::kInvalidArgument, "unknown far-memory hint %d", static_cast<int>(h));
+  }
   PagerStats stats() const override { return p_->stats(); }
   const char* transport_name() const override { return transport_; }
 

@@ -1,5 +1,7 @@
 #include "allocator/far_runtime.h"
 
+#include <unistd.h>
+
 #include <cinttypes>
 
 #include "allocator/local_scope.h"
@@ -69,7 +71,8 @@ class TcpRuntime final : public FarRuntime {
   explicit TcpRuntime(const FarOptions& o) : FarRuntime(o) {}
   ~TcpRuntime() override {
     LocalScope local;
-    heap_.reset();  // 5
+    stop_stats_socket();  // 6
+    heap_.reset();        // 5
     backing_.reset();
     pager_.reset();      // 4
     source_.reset();     // 3
@@ -147,6 +150,7 @@ class TcpRuntime final : public FarRuntime {
     describe_ = "tcp: ";
     for (size_t i = 0; i < sessions_.size(); ++i) {
       describe_ += (i ? ", " : "") + sessions_[i]->endpoint().to_string();
+      donors_.push_back(sessions_[i]->endpoint().to_string());
     }
     describe_ += "; region " + format_size(cfg.region_size) + ", local budget " +
                  format_size(cfg.local_budget);
@@ -169,6 +173,7 @@ class LoopbackRuntime final : public FarRuntime {
   explicit LoopbackRuntime(const FarOptions& o) : FarRuntime(o) {}
   ~LoopbackRuntime() override {
     LocalScope local;
+    stop_stats_socket();
     heap_.reset();
     backing_.reset();
     pager_.reset();
@@ -202,6 +207,7 @@ class LoopbackRuntime final : public FarRuntime {
     auto h = FarHeap::create(backing_.get(), ho);
     if (!h.ok()) return h.status();
     heap_ = std::move(*h);
+    donors_.push_back("loopback");
     describe_ = "loopback donor of " + format_size(cap) + "; region " +
                 format_size(cfg.region_size) + ", local budget " + format_size(cfg.local_budget);
     return ok_status();
@@ -218,15 +224,79 @@ class LoopbackRuntime final : public FarRuntime {
 
 }  // namespace
 
+void FarRuntime::start_stats_socket() {
+  StatsSocketOptions so;
+  // The server thread allocates (the snapshot text): local memory only,
+  // from its first instruction (invariant 3).
+  so.thread_init = [] { ++t_local_depth; };
+  auto s = StatsSocket::start([this](StatsSnapshot& snap) { fill_stats(snap); }, std::move(so));
+  if (!s.ok()) {
+    FARMEM_LOG(kWarn,
+               "far memory runs without its stats socket, so `farmemctl stats %d` cannot read "
+               "this process: %s (set FARMEM_STATS_SOCKET=0 to not try)",
+               static_cast<int>(getpid()), s.status().to_string().c_str());
+    return;
+  }
+  stats_socket_ = std::move(*s);
+}
+
+void FarRuntime::stop_stats_socket() {
+  LocalScope local;
+  if (stats_socket_) stats_socket_->stop();
+}
+
+void FarRuntime::fill_stats(StatsSnapshot& s) {
+  LocalScope local;
+  const PagerStats p = backing().stats();
+  const FarHeap::Stats h = heap().stats();
+  s.counter("faults_zero", p.faults_zero, "first touch of a never-written page (no I/O)");
+  s.counter("faults_remote", p.faults_remote, "page fetched from a donor (demand READ)");
+  s.counter("faults_wp", p.faults_wp, "first write to a clean resident page");
+  s.counter("faults_victim", p.faults_victim, "page found in the local victim cache (no I/O)");
+  s.counter("faults_waited", p.faults_waited, "faults that waited for I/O or for budget");
+  s.counter("evictions_clean", p.evictions_clean, "pages dropped without I/O");
+  s.counter("evictions_dirty", p.evictions_dirty, "pages written back, then dropped");
+  s.counter("prefetch_issued", p.prefetch_issued, "pages prefetched");
+  s.counter("prefetch_used", p.prefetch_used, "prefetched pages used before eviction");
+  s.counter("prefetch_unused", p.prefetch_unused, "prefetched pages dropped unused");
+  s.counter("bytes_read", p.bytes_read, "bytes read from donors");
+  s.counter("bytes_written", p.bytes_written, "bytes written to donors");
+  s.gauge("resident_bytes", p.resident_bytes, "far memory resident in this process now");
+  s.gauge("resident_peak_bytes", p.resident_peak_bytes, "highest resident_bytes");
+  s.gauge("budget_bytes", p.budget_bytes, "local budget for far memory");
+  s.gauge("remote_bytes", p.remote_bytes, "remote space holding written-back pages");
+  s.gauge("pinned_bytes", p.pinned_bytes, "far memory pinned resident (fm_pin)");
+  s.gauge("far_allocated_bytes", h.allocated, "bytes in live far allocations");
+  // LatencyHistogram bucket i holds [2^(i-1), 2^i) us: exclusive bound 2^i,
+  // and the last bucket is open.
+  std::vector<StatsBucket> b(LatencyHistogram::kBuckets);
+  for (int i = 0; i < LatencyHistogram::kBuckets; ++i) {
+    b[static_cast<size_t>(i)].le =
+        i + 1 < LatencyHistogram::kBuckets ? uint64_t{1} << i : StatsBucket::kInf;
+    b[static_cast<size_t>(i)].count = p.fetch_latency.counts[static_cast<size_t>(i)];
+  }
+  s.histogram("fetch_latency_us", std::move(b), "demand fetch latency: READ post to installed");
+  // Per-donor traffic: the pager counts bytes per process, not per donor,
+  // so the split is exact with one donor only (the usual case); with
+  // several the totals above are all there is.
+  if (donors_.size() == 1) {
+    const std::string label = "donor=" + donors_[0];
+    s.counter("donor_read_bytes", p.bytes_read, "bytes read from this donor", label);
+    s.counter("donor_written_bytes", p.bytes_written, "bytes written to this donor", label);
+  }
+}
+
 Result<std::unique_ptr<FarRuntime>> FarRuntime::start(const FarOptions& o) {
   LocalScope local;
   if (o.transport == FarTransport::kLoopback) {
     auto rt = std::make_unique<LoopbackRuntime>(o);
     FARMEM_RETURN_IF_ERROR(rt->start());
+    if (o.stats_socket) rt->start_stats_socket();
     return std::unique_ptr<FarRuntime>(std::move(rt));
   }
   auto rt = std::make_unique<TcpRuntime>(o);
   FARMEM_RETURN_IF_ERROR(rt->start());
+  if (o.stats_socket) rt->start_stats_socket();
   return std::unique_ptr<FarRuntime>(std::move(rt));
 }
 

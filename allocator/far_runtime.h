@@ -17,6 +17,11 @@
 //   3 slab source   DonorSessionSlabSource(s)    LoopbackSlabSource
 //   4 pager         Pager<TcpTransport>          Pager<LoopbackTransport>
 //   5 far heap      PagerBacking + FarHeap (jemalloc arena + extent hooks)
+//   6 stats socket  StatsSocket (farmemctl stats PID), unless
+//                   FARMEM_STATS_SOCKET=0; a failure is a warning only
+//
+// The stats socket is stopped first at tear-down (its thread reads the
+// pager's counters); its thread is local-only (invariant 3).
 //
 // The pager type is chosen here, at start-up; inside it everything is
 // static dispatch. Everything start() allocates is local memory (it runs
@@ -25,10 +30,12 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "allocator/far_backing.h"
 #include "allocator/far_heap.h"
 #include "allocator/options.h"
+#include "runtime/stats_socket.h"
 #include "runtime/status.h"
 
 namespace farmem {
@@ -46,11 +53,23 @@ class FarRuntime {
   const FarOptions& options() const { return opts_; }
   // "tcp: 127.0.0.1:7400 (1.0 GiB); region 1.0 GiB at 0x7f..., budget 64.0 MiB"
   const std::string& describe() const { return describe_; }
+  // Step 6 of the table, undone; idempotent. The preload library calls it
+  // from its destructor so that the socket file goes with the process.
+  void stop_stats_socket();
+  // The socket's path, or "" when none runs.
+  std::string stats_socket_path() const { return stats_socket_ ? stats_socket_->path() : ""; }
+  // The live statistics under the names farmemctl knows (what the stats
+  // socket serves).
+  void fill_stats(StatsSnapshot& s);
 
  protected:
   explicit FarRuntime(const FarOptions& o) : opts_(o) {}
+  void start_stats_socket();
+
   FarOptions opts_;
   std::string describe_;
+  std::vector<std::string> donors_;  // HOST:PORT per ServerId, "loopback" for loopback
+  std::unique_ptr<StatsSocket> stats_socket_;
 };
 
 }  // namespace farmem

@@ -18,6 +18,9 @@ constexpr EnvVar kEnv[] = {
     {"FARMEM_MIN_FAR", "16K",
      "preload: allocations smaller than this stay in local memory (glibc); 0 = all far"},
     {"FARMEM_STATS", "0", "preload: 1 prints a summary of far-memory use on stderr at exit"},
+    {"FARMEM_STATS_SOCKET", "1",
+     "1 serves live statistics on a private Unix socket ($XDG_RUNTIME_DIR/farmem/PID.sock or "
+     "/tmp/farmem-UID/PID.sock) for `farmemctl stats PID`; 0 = none"},
     {"FARMEM_ON_NO_DONOR", "fail",
      "preload: when no donor can be reached at start-up, fail (exit 1) or local (warn and "
      "run all-local)"},
@@ -78,6 +81,11 @@ Result<FarOptions> options_from_env() {
     auto r = parse_uint(v, "FARMEM_STATS", 0, 1);
     if (!r.ok()) return r.status();
     o.stats = *r == 1;
+  }
+  if (const char* v = getenv("FARMEM_STATS_SOCKET")) {
+    auto r = parse_uint(v, "FARMEM_STATS_SOCKET", 0, 1);
+    if (!r.ok()) return r.status();
+    o.stats_socket = *r == 1;
   }
   if (const char* v = getenv("FARMEM_ON_NO_DONOR")) {
     if (strcmp(v, "fail") == 0) {

@@ -35,6 +35,9 @@ struct FarOptions {
   uint64_t min_far = 16 << 10;  // smaller allocations stay local
   bool stats = false;           // summary on stderr at exit
   NoDonorPolicy on_no_donor = NoDonorPolicy::kFail;
+  // A Unix socket with live statistics for `farmemctl stats PID`
+  // (FARMEM_STATS_SOCKET; fm_init with a config reads the variable too).
+  bool stats_socket = true;
 };
 
 struct EnvVar {

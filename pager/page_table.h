@@ -15,9 +15,12 @@
 //        +--------+----------+----------+----------+
 //        | word   | remote   | prev     | next     |
 //        +--------+----------+----------+----------+
-//   word (atomic u32):  bits 0-3 state | 4 dirty | 5 prefetched | 6-7 spare |
-//                       bits 8-31 local slot index (kVictim, kPromoting,
-//                       kWriting, kFetching into a slot)
+//   word (atomic u32):  bits 0-3 state | 4 dirty | 5 prefetched | 6 pinned |
+//                       7 spare | bits 8-31: the local slot index (kVictim,
+//                       kPromoting, kWriting, kFetching into a slot), or the
+//                       pin count when bit 6 is set (a pinned block is
+//                       always Present, or Protecting / Discarding owned
+//                       from Present, so it has no slot)
 //   remote: remote unit + 1 (block-sized units, see RemoteMap); 0 when the
 //           block has never been written back (so an all-zero table is valid)
 //   prev/next: links of the list the block is on (active or victim), guarded
@@ -52,7 +55,14 @@
 //      Empty: a never-written block reads as zeros again)
 //   x  failed I/O: a failed prefetch returns to Remote; a failed WRITE keeps
 //      the data in its slot (Victim, still dirty)
-//   D  discard (allocator purge): the block reads as zeros again
+//   D  discard (allocator purge): the block reads as zeros again; a pinned
+//      block is unpinned by it
+//
+// Pinning (Pager::pin / unpin) uses the Present -> Protecting -> Present
+// edge: the pinner owns the block while it takes it off the active list
+// (pin count 0 -> 1) or puts it back (1 -> 0), and otherwise just changes
+// the count. A pinned block is never on a list, so the evictor never sees
+// it; evict() skips it; a write fault on it (W) keeps the pin bits.
 #pragma once
 
 #include <atomic>
@@ -103,6 +113,8 @@ class PageTable {
   static constexpr uint32_t kStateMask = 0xF;
   static constexpr uint32_t kDirty = 1u << 4;
   static constexpr uint32_t kPrefetched = 1u << 5;
+  static constexpr uint32_t kPinned = 1u << 6;  // bits 8-31 hold the pin count
+  static constexpr uint32_t kMaxPinCount = kNoSlot;
   static constexpr int kSlotShift = 8;
 
   PageTable() = default;

@@ -37,7 +37,8 @@
 // Prefetch: per-region stream/stride/majority-trend detection (prefetch.h)
 // turns faults into READs into victim slots; once a stream is confirmed by
 // a hit, prefetched blocks are mapped at once (no fault at all). Hints:
-// prefetch(addr,len), evict(addr,len) (write back + drop now), discard().
+// prefetch(addr,len), evict(addr,len) (write back + drop now), discard(),
+// pin(addr,len) / unpin(addr,len) (resident until unpinned; see pin()).
 //
 // Threads: config.handler_threads handlers and one evictor; none of them
 // touches the region except the evictor's copy of a block it owns and that
@@ -46,7 +47,7 @@
 //
 // Not yet: UFFDIO_MOVE / WP_ASYNC / CONTINUE are detected (features()) but
 // the base path (COPY + WRITEPROTECT + MADV_DONTNEED) is the only one used;
-// pin/unpin; fork (invariant 8); several donors / replicas (the SlabSource
+// fork (invariant 8); several donors / replicas (the SlabSource
 // seam in remote_map.h is where placement goes).
 #pragma once
 
@@ -159,6 +160,23 @@ class Pager {
   // them (clean, write-protected), in batches on the hint queue. Stops early
   // (still OK) when the budget stays full: it is a hint.
   Status prefetch(void* addr, size_t len);
+  // fm_pin: makes every block of [addr, addr+len) (block-aligned) resident,
+  // fetching it if needed, and keeps it so (never demoted or evicted) until
+  // as many unpin() calls as pin() calls covered it. Pinned blocks count
+  // against the budget; at most pin_limit_bytes() may be pinned, so that the
+  // evictor always has room to work: a pin that would pass it is refused
+  // with kResourceExhausted (nothing of the range is left pinned). Control
+  // path, calling thread; it faults the blocks in like the application.
+  Status pin(void* addr, size_t len);
+  // kInvalidArgument (and nothing changed) when a block of the range is not
+  // pinned. discard() of a pinned block unpins it.
+  Status unpin(void* addr, size_t len);
+  // The pin limit: the low watermark minus a reserve of max(budget / 4, 16
+  // blocks) for demand faults, the victim cache and prefetch.
+  uint64_t pin_limit_bytes() const { return static_cast<uint64_t>(pin_limit_blocks_) * block_; }
+  uint64_t pinned_bytes() const {
+    return static_cast<uint64_t>(pinned_.load(std::memory_order_relaxed)) * block_;
+  }
 
   // State of the block holding addr (tests, debugging).
   PageState state_of(const void* addr) const {
@@ -222,6 +240,12 @@ class Pager {
   void install_mapped(uint32_t b, const void* src, bool write, uint32_t flags_keep);
   [[noreturn]] void lost_page(uint32_t b, Errc e);
 
+  // Pinning.
+  Status check_block_range(const char* fn, void* addr, size_t len, uint32_t* first,
+                           uint32_t* last) const;
+  bool take_pin();
+  void unpin_block(uint32_t b);  // b is pinned; drops one pin
+
   // Evictor.
   void evictor_main();
   size_t evict_round();
@@ -250,6 +274,8 @@ class Pager {
 
   std::atomic<int64_t> resident_{0};
   std::atomic<int64_t> peak_{0};
+  std::atomic<int64_t> pinned_{0};  // blocks with a pin count > 0
+  int64_t pin_limit_blocks_ = 0;
   mutable PagerCounters counters_;
 
   std::mutex list_mu_;
@@ -328,6 +354,7 @@ Status Pager<B>::init() {
   prefetch_limit_ = budget_blocks_ - std::max<int64_t>(4, (budget_blocks_ - high_blocks_) / 2);
   victim_target_ =
       static_cast<uint64_t>(cfg_.victim_fraction * static_cast<double>(budget_blocks_));
+  pin_limit_blocks_ = std::max<int64_t>(0, low_blocks_ - std::max<int64_t>(budget_blocks_ / 4, 16));
   uint64_t slots = victim_target_ + 2ull * cfg_.writeback_batch +
                    (cfg_.prefetch ? uint64_t{cfg_.handler_threads} * cfg_.prefetch_max_window : 0) +
                    16;
@@ -424,6 +451,7 @@ PagerStats Pager<B>::stats() const {
   s.resident_peak_bytes = static_cast<uint64_t>(peak_.load(std::memory_order_relaxed)) * block_;
   s.budget_bytes = budget_bytes();
   s.remote_bytes = remote_ ? remote_->assigned_bytes() : 0;
+  s.pinned_bytes = pinned_bytes();
   return s;
 }
 
@@ -1017,7 +1045,9 @@ Status Pager<B>::discard(void* addr, size_t len) {
       }
       if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kDiscarding))) continue;
       if (s == PageState::kPresent) {
-        {
+        if (w & PageTable::kPinned) {
+          pinned_.fetch_sub(1, std::memory_order_relaxed);  // discard unpins
+        } else {
           std::lock_guard<std::mutex> lk(list_mu_);
           active_.remove(b);
         }
@@ -1070,6 +1100,7 @@ Status Pager<B>::evict(void* addr, size_t len) {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
         continue;
       }
+      if (s == PageState::kPresent && (w & PageTable::kPinned)) break;  // stays until unpin
       if (s == PageState::kPresent) {
         // Demote into a slot first, exactly as the evictor does.
         uint32_t slot = alloc_slot();
@@ -1242,6 +1273,150 @@ Status Pager<B>::prefetch(void* addr, size_t len) {
       counters_.bump(counters_.prefetch_mapped);
     }
   }
+  return ok_status();
+}
+
+// ---- pinning ----------------------------------------------------------------
+
+template <TransportBackend B>
+Status Pager<B>::check_block_range(const char* fn, void* addr, size_t len, uint32_t* first,
+                                   uint32_t* last) const {
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  uintptr_t base = reinterpret_cast<uintptr_t>(region_.ptr);
+  if (a < base || a + len > base + cfg_.region_size || len > cfg_.region_size ||
+      (a - base) % block_ != 0 || len % block_ != 0) {
+    return make_error(Errc::kInvalidArgument,
+                      "%s(%p, %zu): the range must be inside the region [%p, +%llu) and "
+                      "aligned to the %u-byte block size",
+                      fn, addr, len, static_cast<void*>(region_.ptr),
+                      static_cast<unsigned long long>(cfg_.region_size), block_);
+  }
+  *first = static_cast<uint32_t>((a - base) / block_);
+  *last = *first + static_cast<uint32_t>(len / block_);
+  return ok_status();
+}
+
+template <TransportBackend B>
+bool Pager<B>::take_pin() {
+  int64_t cur = pinned_.load(std::memory_order_relaxed);
+  while (cur < pin_limit_blocks_) {
+    if (pinned_.compare_exchange_weak(cur, cur + 1, std::memory_order_relaxed)) return true;
+  }
+  return false;
+}
+
+template <TransportBackend B>
+void Pager<B>::unpin_block(uint32_t b) {
+  for (;;) {
+    uint32_t w = pt_.load(b);
+    if (!(w & PageTable::kPinned)) return;  // discarded meanwhile: discard unpinned it
+    PageState s = PageTable::state_of(w);
+    if (s != PageState::kPresent) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));  // a WP fault or a discard
+      continue;
+    }
+    const uint32_t count = PageTable::slot_of(w);
+    if (count > 1) {
+      if (pt_.try_transition(b, w, PageTable::with_slot(w, count - 1))) return;
+      continue;
+    }
+    if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kProtecting))) continue;
+    {
+      // Most recent end: an unpinned block is the last the evictor takes.
+      std::lock_guard<std::mutex> lk(list_mu_);
+      active_.push_front(b);
+    }
+    pinned_.fetch_sub(1, std::memory_order_relaxed);
+    pt_.finish(b, PageTable::make(PageState::kPresent, w & PageTable::kDirty, 0));
+    return;
+  }
+}
+
+template <TransportBackend B>
+Status Pager<B>::pin(void* addr, size_t len) {
+  uint32_t first = 0, last = 0;
+  FARMEM_RETURN_IF_ERROR(check_block_range("pin", addr, len, &first, &last));
+  if (first == last) return ok_status();
+  auto refuse = [&](int64_t more) {
+    return make_error(Errc::kResourceExhausted,
+                      "pin(%p, %zu): %lld more pinned blocks would leave the evictor no room: "
+                      "%lld of %lld blocks are pinned and at most %lld (%llu bytes: the low "
+                      "watermark of the %llu-byte local budget minus a quarter of it) may be; "
+                      "pin less, unpin something, or raise the local budget (FARMEM_LOCAL_MEM)",
+                      addr, len, static_cast<long long>(more),
+                      static_cast<long long>(pinned_.load(std::memory_order_relaxed)),
+                      static_cast<long long>(budget_blocks_),
+                      static_cast<long long>(pin_limit_blocks_),
+                      static_cast<unsigned long long>(pin_limit_bytes()),
+                      static_cast<unsigned long long>(budget_bytes()));
+  };
+  // Refuse what cannot fit before anything changes.
+  int64_t need = 0;
+  for (uint32_t b = first; b < last; ++b) need += (pt_.load(b) & PageTable::kPinned) ? 0 : 1;
+  if (pinned_.load(std::memory_order_relaxed) + need > pin_limit_blocks_) return refuse(need);
+  // Remote blocks come in batches of READs; whatever the hint skipped (the
+  // budget was busy) is faulted in one by one below.
+  (void)prefetch(addr, len);
+  for (uint32_t b = first; b < last; ++b) {
+    for (;;) {
+      uint32_t w = pt_.load(b);
+      PageState s = PageTable::state_of(w);
+      if (s == PageState::kPresent) {
+        if (w & PageTable::kPinned) {
+          const uint32_t count = PageTable::slot_of(w);
+          if (count == PageTable::kMaxPinCount) {
+            for (uint32_t k = first; k < b; ++k) unpin_block(k);
+            return make_error(Errc::kResourceExhausted,
+                              "pin(%p, %zu): the block at %p is pinned %u times already, the "
+                              "most a block can be",
+                              addr, len, static_cast<void*>(block_addr(b)), count);
+          }
+          if (!pt_.try_transition(b, w, PageTable::with_slot(w, count + 1))) continue;
+          break;
+        }
+        if (!take_pin()) {
+          // Another thread pinned meanwhile: undo this call's pins.
+          for (uint32_t k = first; k < b; ++k) unpin_block(k);
+          return refuse(static_cast<int64_t>(last - b));
+        }
+        if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kProtecting))) {
+          pinned_.fetch_sub(1, std::memory_order_relaxed);
+          continue;
+        }
+        {
+          std::lock_guard<std::mutex> lk(list_mu_);
+          active_.remove(b);  // off every list: the evictor never sees it
+        }
+        pt_.finish(b, PageTable::with_slot(
+                          PageTable::with_state(w, PageState::kPresent) | PageTable::kPinned, 1));
+        break;
+      }
+      if (is_transient(s)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));  // I/O in flight
+        continue;
+      }
+      // Empty, Remote or Victim: fault it in as the application would (this
+      // is an application thread, never a pager thread: invariant 3). The
+      // evictor may take it again before the CAS above; then it loops.
+      (void)*static_cast<volatile const char*>(static_cast<const void*>(block_addr(b)));
+    }
+  }
+  return ok_status();
+}
+
+template <TransportBackend B>
+Status Pager<B>::unpin(void* addr, size_t len) {
+  uint32_t first = 0, last = 0;
+  FARMEM_RETURN_IF_ERROR(check_block_range("unpin", addr, len, &first, &last));
+  for (uint32_t b = first; b < last; ++b) {
+    if (!(pt_.load(b) & PageTable::kPinned)) {
+      return make_error(Errc::kInvalidArgument,
+                        "unpin(%p, %zu): the block at %p is not pinned (nothing was unpinned); "
+                        "unpin exactly what pin() covered",
+                        addr, len, static_cast<void*>(block_addr(b)));
+    }
+  }
+  for (uint32_t b = first; b < last; ++b) unpin_block(b);
   return ok_status();
 }
 

@@ -50,6 +50,7 @@ struct PagerStats {
   uint64_t resident_peak_bytes = 0;
   uint64_t budget_bytes = 0;
   uint64_t remote_bytes = 0;  // remote space assigned to blocks
+  uint64_t pinned_bytes = 0;  // blocks held resident by pin() (part of resident_bytes)
 
   std::string to_string() const;  // one line per group, for logs and benches
 };

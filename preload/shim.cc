@@ -271,6 +271,9 @@ __attribute__((constructor)) void preload_init() {
 
 __attribute__((destructor)) void preload_fini() {
   if (g_opts != nullptr && g_opts->stats) print_stats();
+  // The runtime stays up (see Exit above), but the stats socket goes now, so
+  // that its file does not outlive the process.
+  if (farmem::FarRuntime* rt = farmem::api_runtime()) rt->stop_stats_socket();
 }
 
 }  // namespace

@@ -24,7 +24,7 @@
  *   ENOMEM  the far region is exhausted, or a size overflows
  *   EINVAL  a pointer that is not far memory, a bad alignment or range
  *   EALREADY fm_init while running
- *   ENOTSUP a hint the pager cannot honour (fm_pin)
+ *   ENOMEM  also: fm_pin would pin more than the local budget allows
  * fm_init also sets ECONNREFUSED (no donor reachable), EACCES (token
  * refused), EPERM (userfaultfd not permitted) or EINVAL (bad config).
  *
@@ -105,10 +105,19 @@ FM_API size_t fm_usable_size(const void* ptr) FM_NOEXCEPT;
 /* 1 when ptr lies in the far region. */
 FM_API int fm_is_far(const void* ptr) FM_NOEXCEPT;
 
-/* Hints on [ptr, ptr+len), which must lie in far memory. fm_prefetch and
-   fm_evict are advice: 0 also when the pager cannot act on them yet.
-   fm_pin promises residency and fails with ENOTSUP until the pager can
-   keep it. */
+/* Hints on [ptr, ptr+len), which must lie in far memory (else -1/EINVAL).
+   Each covers every pager block (FARMEM_BLOCK_SIZE) holding a byte of the
+   range, so a neighbour sharing the first or last block is covered too;
+   contents never change.
+   fm_prefetch: fetch the range now (returns when it is resident, or early
+     when the local budget stays full: it is advice).
+   fm_evict: write the range's modified pages back and drop them from local
+     memory now; the next access fetches them again.
+   fm_pin: make the range resident and keep it so until fm_unpin (pins are
+     counted per block). Pinned memory counts against the local budget; at
+     most about two thirds of the budget may be pinned: beyond that -1/ENOMEM
+     and nothing of the range stays pinned.
+   fm_unpin: -1/EINVAL when a block of the range is not pinned. */
 FM_API int fm_prefetch(const void* ptr, size_t len) FM_NOEXCEPT;
 FM_API int fm_evict(const void* ptr, size_t len) FM_NOEXCEPT;
 FM_API int fm_pin(const void* ptr, size_t len) FM_NOEXCEPT;

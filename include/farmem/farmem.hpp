@@ -51,6 +51,39 @@ class Runtime {
   }
 };
 
+// Hints over fm_prefetch / fm_evict / fm_pin / fm_unpin (same ranges and
+// block widening); they throw std::system_error with fm_last_error().
+namespace detail {
+inline void hint_result(int rc) {
+  if (rc != 0) throw std::system_error(errno, std::generic_category(), fm_last_error());
+}
+}  // namespace detail
+inline void prefetch(const void* p, std::size_t len) {
+  detail::hint_result(fm_prefetch(p, len));
+}
+inline void evict(const void* p, std::size_t len) {
+  detail::hint_result(fm_evict(p, len));
+}
+inline void pin(const void* p, std::size_t len) {
+  detail::hint_result(fm_pin(p, len));
+}
+inline void unpin(const void* p, std::size_t len) {
+  detail::hint_result(fm_unpin(p, len));
+}
+
+// Keeps [p, p+len) pinned for its lifetime:  farmem::pin_guard g(v.data(), bytes);
+class pin_guard {
+ public:
+  pin_guard(const void* p, std::size_t len) : p_(p), len_(len) { pin(p, len); }
+  ~pin_guard() { (void)fm_unpin(p_, len_); }
+  pin_guard(const pin_guard&) = delete;
+  pin_guard& operator=(const pin_guard&) = delete;
+
+ private:
+  const void* p_;
+  std::size_t len_;
+};
+
 // std::allocator-compatible; stateless, all instances compare equal.
 template <class T>
 class far_allocator {

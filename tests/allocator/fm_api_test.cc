@@ -180,8 +180,10 @@ TEST_F(FmApi, MisuseGivesClearErrors) {
   EXPECT_EQ(errno, EINVAL);
   EXPECT_EQ(fm_prefetch(p, 1 << 20), 0);
   EXPECT_EQ(fm_evict(p, 1 << 20), 0);
-  EXPECT_EQ(fm_pin(p, 4096), -1);
-  EXPECT_EQ(errno, ENOTSUP);
+  EXPECT_EQ(fm_pin(p, 4096), 0) << fm_last_error();
+  EXPECT_EQ(fm_unpin(p, 4096), 0) << fm_last_error();
+  EXPECT_EQ(fm_unpin(p, 4096), -1) << "not pinned any more";
+  EXPECT_EQ(errno, EINVAL);
   EXPECT_EQ(fm_prefetch(p, 0), 0);
   fm_free(p);
 }
