@@ -166,12 +166,12 @@ int fm_init(const fm_config* c) noexcept {
                   "fm_config_init() and rebuild against this farmem.h",
                   c->struct_size, sizeof(fm_config));
     }
-    if (c->transport == nullptr || strcmp(c->transport, "tcp") == 0) {
-      o.transport = FarTransport::kTcp;
-    } else if (strcmp(c->transport, "loopback") == 0) {
-      o.transport = FarTransport::kLoopback;
-    } else {
-      return fail(EINVAL, "fm_init: transport \"%s\" is unknown; use \"tcp\" or \"loopback\"",
+    if (c->transport == nullptr) {
+      o.transport = FarTransport::kAuto;
+    } else if (!parse_far_transport(c->transport, &o.transport)) {
+      return fail(EINVAL,
+                  "fm_init: transport \"%s\" is unknown; use \"auto\", \"tcp\", \"verbs\" or "
+                  "\"loopback\"",
                   c->transport);
     }
     if (c->servers != nullptr && *c->servers) {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cinttypes>
+#include <type_traits>
 
 #include "allocator/local_scope.h"
 #include "pager/pager.h"
@@ -12,6 +13,9 @@
 #include "runtime/log.h"
 #include "runtime/loopback_transport.h"
 #include "runtime/tcp_transport.h"
+#if defined(FARMEM_HAVE_VERBS)
+#include "runtime/verbs_transport.h"
+#endif
 
 namespace farmem {
 namespace {
@@ -64,12 +68,89 @@ Status start_pager_and_heap_common(const FarOptions& o, uint64_t region, PagerCo
   return cfg->validate();
 }
 
-// ---- tcp ---------------------------------------------------------------------
+#if defined(FARMEM_HAVE_VERBS)
+template <class B>
+inline constexpr bool kIsVerbs = std::is_same_v<B, VerbsTransport>;
+#else
+template <class B>
+inline constexpr bool kIsVerbs = false;
+#endif
 
-class TcpRuntime final : public FarRuntime {
+// ---- transport selection -----------------------------------------------------
+
+// FARMEM_TRANSPORT: auto, tcp and verbs all reach farmemd donors; they
+// differ in the data path only (the control connection is tcp always).
+//
+//   FARMEM_TRANSPORT   built with rdma-core                  without
+//   ----------------   -----------------------------------   -----------------
+//   auto (default)     verbs when an RDMA device reaches     tcp
+//                      every donor (verbs::reachable), else
+//                      tcp; one info line says which and why
+//   verbs              verbs, or a start-up error naming     start-up error
+//                      the reason and FARMEM_TRANSPORT=tcp   ("built without
+//                                                            rdma-core")
+//   tcp                tcp                                   tcp
+Result<FarTransport> choose_transport(const FarOptions& o) {
+  if (o.transport == FarTransport::kTcp || o.transport == FarTransport::kLoopback) {
+    return o.transport;
+  }
+  const bool forced = o.transport == FarTransport::kVerbs;
+#if defined(FARMEM_HAVE_VERBS)
+  if (o.servers.empty()) return FarTransport::kTcp;  // the tcp runtime reports "no donor"
+  std::string why;
+  for (const Endpoint& ep : o.servers) {
+    if (verbs::reachable(ep.host, &why)) continue;
+    if (forced) {
+      return make_error(Errc::kUnavailable,
+                        "FARMEM_TRANSPORT=verbs, but no RDMA device reaches donor %s (%s); set "
+                        "FARMEM_TRANSPORT=tcp (or auto) to use tcp",
+                        ep.to_string().c_str(), why.c_str());
+    }
+    FARMEM_LOG(kInfo, "transport auto: tcp, since verbs cannot reach donor %s (%s)",
+               ep.to_string().c_str(), why.c_str());
+    return FarTransport::kTcp;
+  }
+  if (!forced) FARMEM_LOG(kInfo, "transport auto: verbs (%s)", why.c_str());
+  return FarTransport::kVerbs;
+#else
+  if (forced) {
+    return make_error(Errc::kUnavailable,
+                      "FARMEM_TRANSPORT=verbs, but this farmem was built without rdma-core "
+                      "(libibverbs-dev, librdmacm-dev); set FARMEM_TRANSPORT=tcp (or auto), or "
+                      "rebuild with rdma-core installed");
+  }
+  FARMEM_LOG(kInfo, "transport auto: tcp (this farmem was built without rdma-core)");
+  return FarTransport::kTcp;
+#endif
+}
+
+// The data-path backends over DonorSessions: how each is made.
+template <class B>
+struct SessionBackend;
+template <>
+struct SessionBackend<TcpTransport> {
+  static constexpr const char* kName = "tcp";
+  static Result<std::unique_ptr<TcpTransport>> make() { return std::make_unique<TcpTransport>(); }
+};
+#if defined(FARMEM_HAVE_VERBS)
+template <>
+struct SessionBackend<VerbsTransport> {
+  static constexpr const char* kName = "verbs";
+  static Result<std::unique_ptr<VerbsTransport>> make() {
+    auto t = VerbsTransport::create();
+    if (!t.ok()) return t.status().with_context("FARMEM_TRANSPORT=verbs (or auto)");
+    return std::move(*t);
+  }
+};
+#endif
+
+// ---- tcp and verbs -----------------------------------------------------------
+
+template <class B>
+class SessionRuntime final : public FarRuntime {
  public:
-  explicit TcpRuntime(const FarOptions& o) : FarRuntime(o) {}
-  ~TcpRuntime() override {
+  explicit SessionRuntime(const FarOptions& o) : FarRuntime(o) {}
+  ~SessionRuntime() override {
     LocalScope local;
     stop_stats_socket();  // 6
     heap_.reset();        // 5
@@ -113,6 +194,12 @@ class TcpRuntime final : public FarRuntime {
         }
         continue;
       }
+      if (kIsVerbs<B> && !(*s)->serves_verbs()) {
+        return make_error(Errc::kNotFound,
+                          "donor %s does not serve verbs (it runs with --transport tcp or has no "
+                          "RDMA device); set FARMEM_TRANSPORT=tcp",
+                          ep.to_string().c_str());
+      }
       capacity += (*s)->welcome().capacity;
       sessions_.push_back(std::move(*s));
     }
@@ -121,7 +208,9 @@ class TcpRuntime final : public FarRuntime {
     }
     if (!failures.empty()) FARMEM_LOG(kWarn, "some donors unreachable: %s", failures.c_str());
     // 2. transport
-    transport_ = std::make_unique<TcpTransport>();
+    auto t = SessionBackend<B>::make();
+    if (!t.ok()) return t.status();
+    transport_ = std::move(*t);
     std::vector<std::unique_ptr<SlabSource>> srcs;
     for (size_t i = 0; i < sessions_.size(); ++i) {
       FARMEM_RETURN_IF_ERROR(transport_->add_server(static_cast<ServerId>(i), sessions_[i].get()));
@@ -137,17 +226,17 @@ class TcpRuntime final : public FarRuntime {
     // 4. pager
     PagerConfig cfg;
     FARMEM_RETURN_IF_ERROR(start_pager_and_heap_common(opts_, capacity, &cfg));
-    auto p = Pager<TcpTransport>::create(cfg, transport_.get(), source_.get());
+    auto p = Pager<B>::create(cfg, transport_.get(), source_.get());
     if (!p.ok()) return p.status().with_context("starting the pager");
     pager_ = std::move(*p);
     // 5. far heap
-    backing_ = std::make_unique<PagerBacking<Pager<TcpTransport>>>(pager_.get(), "tcp");
+    backing_ = std::make_unique<PagerBacking<Pager<B>>>(pager_.get(), SessionBackend<B>::kName);
     FarHeapOptions ho;
     ho.dirty_decay_ms = opts_.decay_ms;
     auto h = FarHeap::create(backing_.get(), ho);
     if (!h.ok()) return h.status();
     heap_ = std::move(*h);
-    describe_ = "tcp: ";
+    describe_ = std::string(SessionBackend<B>::kName) + ": ";
     for (size_t i = 0; i < sessions_.size(); ++i) {
       describe_ += (i ? ", " : "") + sessions_[i]->endpoint().to_string();
       donors_.push_back(sessions_[i]->endpoint().to_string());
@@ -159,9 +248,9 @@ class TcpRuntime final : public FarRuntime {
 
  private:
   std::vector<std::unique_ptr<DonorSession>> sessions_;
-  std::unique_ptr<TcpTransport> transport_;
+  std::unique_ptr<B> transport_;
   std::unique_ptr<SlabSource> source_;
-  std::unique_ptr<Pager<TcpTransport>> pager_;
+  std::unique_ptr<Pager<B>> pager_;
   std::unique_ptr<FarBacking> backing_;
   std::unique_ptr<FarHeap> heap_;
 };
@@ -286,18 +375,40 @@ void FarRuntime::fill_stats(StatsSnapshot& s) {
   }
 }
 
+namespace {
+template <class R>
+Result<std::unique_ptr<FarRuntime>> start_runtime(const FarOptions& o) {
+  auto rt = std::make_unique<R>(o);
+  FARMEM_RETURN_IF_ERROR(rt->start());
+  return std::unique_ptr<FarRuntime>(std::move(rt));
+}
+}  // namespace
+
 Result<std::unique_ptr<FarRuntime>> FarRuntime::start(const FarOptions& o) {
   LocalScope local;
-  if (o.transport == FarTransport::kLoopback) {
-    auto rt = std::make_unique<LoopbackRuntime>(o);
-    FARMEM_RETURN_IF_ERROR(rt->start());
-    if (o.stats_socket) rt->start_stats_socket();
-    return std::unique_ptr<FarRuntime>(std::move(rt));
-  }
-  auto rt = std::make_unique<TcpRuntime>(o);
-  FARMEM_RETURN_IF_ERROR(rt->start());
-  if (o.stats_socket) rt->start_stats_socket();
-  return std::unique_ptr<FarRuntime>(std::move(rt));
+  auto chosen = choose_transport(o);
+  if (!chosen.ok()) return chosen.status();
+  Result<std::unique_ptr<FarRuntime>> rt = [&] {
+    switch (*chosen) {
+      case FarTransport::kLoopback:
+        return start_runtime<LoopbackRuntime>(o);
+#if defined(FARMEM_HAVE_VERBS)
+      case FarTransport::kVerbs: {
+        auto v = start_runtime<SessionRuntime<VerbsTransport>>(o);
+        // auto: a donor that does not serve verbs (kNotFound) means tcp.
+        if (!v.ok() && v.status().code() == Errc::kNotFound && o.transport == FarTransport::kAuto) {
+          FARMEM_LOG(kInfo, "transport auto: tcp, since %s", v.status().message().c_str());
+          return start_runtime<SessionRuntime<TcpTransport>>(o);
+        }
+        return v;
+      }
+#endif
+      default:
+        return start_runtime<SessionRuntime<TcpTransport>>(o);
+    }
+  }();
+  if (rt.ok() && o.stats_socket) (*rt)->start_stats_socket();
+  return rt;
 }
 
 }  // namespace farmem

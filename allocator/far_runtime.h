@@ -8,14 +8,17 @@
 //   void* p = (*rt)->heap().alloc(1 << 20);
 //
 // Start-up table (tear-down is the same table bottom-up; the members are
-// declared in this order, so destruction follows it):
+// declared in this order, so destruction follows it). Step 0 resolves
+// FARMEM_TRANSPORT=auto to tcp or verbs (far_runtime.cc has the rules):
 //
-//   step            tcp                          loopback
+//   step            tcp / verbs                  loopback
 //   ------------    ---------------------------  ---------------------------
 //   1 donors        DonorSession per server      LoopbackDonor (in-process)
-//   2 transport     TcpTransport + add_server    LoopbackTransport
+//   2 transport     Tcp- / VerbsTransport        LoopbackTransport
+//                   + add_server
 //   3 slab source   DonorSessionSlabSource(s)    LoopbackSlabSource
-//   4 pager         Pager<TcpTransport>          Pager<LoopbackTransport>
+//   4 pager         Pager<TcpTransport> /        Pager<LoopbackTransport>
+//                   Pager<VerbsTransport>
 //   5 far heap      PagerBacking + FarHeap (jemalloc arena + extent hooks)
 //   6 stats socket  StatsSocket (farmemctl stats PID), unless
 //                   FARMEM_STATS_SOCKET=0; a failure is a warning only
@@ -43,8 +46,10 @@ namespace farmem {
 class FarRuntime {
  public:
   // kUnavailable when no donor can be reached (the message names each one
-  // and why), kUnauthenticated for a bad token, kInvalidArgument for bad
-  // options, or the pager's error (e.g. userfaultfd not permitted).
+  // and why) or verbs was asked for where it cannot run (names the reason
+  // and FARMEM_TRANSPORT=tcp), kUnauthenticated for a bad token,
+  // kInvalidArgument for bad options, or the pager's error (e.g.
+  // userfaultfd not permitted).
   static Result<std::unique_ptr<FarRuntime>> start(const FarOptions& o);
   virtual ~FarRuntime() = default;
 

@@ -8,9 +8,11 @@ namespace {
 
 constexpr EnvVar kEnv[] = {
     {"FARMEM_SERVERS", "(none)",
-     "donors as HOST:PORT[,HOST:PORT...]; required with FARMEM_TRANSPORT=tcp"},
-    {"FARMEM_TRANSPORT", "tcp",
-     "tcp (farmemd donors) or loopback (an in-process donor: tests, measuring the pager)"},
+     "donors as HOST:PORT[,HOST:PORT...]; required unless FARMEM_TRANSPORT=loopback"},
+    {"FARMEM_TRANSPORT", "auto",
+     "auto (verbs when an RDMA device reaches every donor, else tcp; logs which), tcp, verbs "
+     "(farmemd donors over RDMA; a start-up error when unavailable) or loopback (an in-process "
+     "donor: tests, measuring the pager)"},
     {"FARMEM_TOKEN_FILE", "(none)",
      "file holding the donors' shared token; unset = no token (insecure donors only)"},
     {"FARMEM_LOCAL_MEM", "256M",
@@ -36,6 +38,23 @@ constexpr EnvVar kEnv[] = {
 
 }  // namespace
 
+bool parse_far_transport(const char* text, FarTransport* out) {
+  static constexpr struct {
+    const char* name;
+    FarTransport t;
+  } kNames[] = {{"auto", FarTransport::kAuto},
+                {"tcp", FarTransport::kTcp},
+                {"verbs", FarTransport::kVerbs},
+                {"loopback", FarTransport::kLoopback}};
+  for (const auto& n : kNames) {
+    if (strcmp(text, n.name) == 0) {
+      *out = n.t;
+      return true;
+    }
+  }
+  return false;
+}
+
 std::span<const EnvVar> env_table() {
   return kEnv;
 }
@@ -57,13 +76,10 @@ std::string env_table_markdown() {
 Result<FarOptions> options_from_env() {
   FarOptions o;
   if (const char* v = getenv("FARMEM_TRANSPORT")) {
-    if (strcmp(v, "tcp") == 0) {
-      o.transport = FarTransport::kTcp;
-    } else if (strcmp(v, "loopback") == 0) {
-      o.transport = FarTransport::kLoopback;
-    } else {
+    if (!parse_far_transport(v, &o.transport)) {
       return make_error(Errc::kInvalidArgument,
-                        "FARMEM_TRANSPORT=%s: unknown transport; use tcp or loopback", v);
+                        "FARMEM_TRANSPORT=%s: unknown transport; use auto, tcp, verbs or loopback",
+                        v);
     }
   }
   if (const char* v = getenv("FARMEM_SERVERS"); v && *v) {

@@ -19,11 +19,13 @@
 
 namespace farmem {
 
-enum class FarTransport { kTcp, kLoopback };
+// kAuto: verbs when an RDMA device reaches the donors, tcp otherwise
+// (FarRuntime::start decides and logs which).
+enum class FarTransport { kAuto, kTcp, kVerbs, kLoopback };
 enum class NoDonorPolicy { kFail, kLocal };
 
 struct FarOptions {
-  FarTransport transport = FarTransport::kTcp;
+  FarTransport transport = FarTransport::kAuto;
   std::vector<Endpoint> servers;            // tcp: the donors (FARMEM_SERVERS)
   std::string token_file;                   // empty: no token (only --insecure donors accept)
   uint64_t loopback_capacity = 1ull << 30;  // loopback: the in-process donor's size
@@ -47,6 +49,8 @@ struct EnvVar {
 };
 // The table, in README order.
 std::span<const EnvVar> env_table();
+// "auto", "tcp", "verbs" or "loopback"; false for anything else.
+bool parse_far_transport(const char* text, FarTransport* out);
 
 // Defaults overridden by the FARMEM_* variables that are set.
 Result<FarOptions> options_from_env();

@@ -6,6 +6,12 @@
 //   BM_PagerRemoteFault    pager on loopback, page written back and dropped
 //                          (READ + install), prefetch off, random order
 //   BM_PagerScan/prefetch  sequential scan of written-back pages, prefetch off/on
+//   BM_VictimHit/write     victim-cache hit faults (random accesses over 1.1x
+//                          the budget, half of it victim cache), UFFDIO_MOVE
+//                          vs copy in interleaved rounds: move_p50_us /
+//                          copy_p50_us per fault
+//   BM_EvictCycle/write    the same accesses timed per pass: demotions/s
+//                          (median pass), move vs copy
 // Each reports p50_us / p99_us per fault (or per page for scans).
 //
 //   ./build/bench/farmem_bench_pager --benchmark_min_time=1x
@@ -200,6 +206,107 @@ void BM_PagerScan(benchmark::State& state) {
   state.counters["prefetch_issued"] = d(s.prefetch_issued, b.prefetch_issued);
 }
 
+// Two pagers, UFFDIO_MOVE on and off, fed the same random accesses in
+// alternating rounds so that load from elsewhere hits both alike. Half the
+// budget is victim cache and the pages touched are 1.1x the budget, so that
+// (prefetch off) about 40% of accesses hit a victim and the evictor demotes
+// all the time. Latency is kept only for accesses to a block that was a
+// victim just before (page table state), i.e. victim-hit faults.
+struct MovePair {
+  Rig on, off;
+  static constexpr size_t kPages = 4500;  // budget 4096
+  static constexpr size_t kPerPass = 20000;
+  std::vector<uint32_t> order;
+  bool start(benchmark::State& state) {
+    PagerConfig c = bench_config(false);
+    c.victim_fraction = 0.5;
+    c.uffd_move = UffdMoveMode::kOn;
+    if (!on.start(state, c)) return false;
+    c.uffd_move = UffdMoveMode::kOff;
+    if (!off.start(state, c)) return false;
+    std::mt19937_64 rng(7);
+    order.resize(kPerPass);
+    for (auto& o : order) o = static_cast<uint32_t>(rng() % kPages);
+    return true;
+  }
+  // One pass; victim-hit latencies appended to us (if any).
+  void pass(Rig& r, bool write, std::vector<double>* us) const {
+    auto* v = static_cast<volatile char*>(r.p->base());
+    for (uint32_t pg : order) {
+      volatile char* a = v + size_t{pg} * kPage;
+      bool victim = r.p->state_of(const_cast<const char*>(a)) == PageState::kVictim;
+      double t = write ? time_us([&] { *a = static_cast<char>(pg); }) : time_us([&] { (void)*a; });
+      if (us && victim) us->push_back(t);
+    }
+  }
+  // Writes every page once (dirty: a read then hits dirty victims, which
+  // move too) and runs a warm-up pass.
+  void warm(bool write) {
+    for (Rig* r : {&on, &off}) {
+      auto* m = static_cast<char*>(r->p->base());
+      for (size_t i = 0; i < kPages; ++i) m[i * kPage] = 1;
+      pass(*r, write, nullptr);
+    }
+  }
+};
+
+double p50(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void BM_VictimHit(benchmark::State& state) {
+  MovePair m;
+  if (!m.start(state)) return;
+  const bool write = state.range(0) != 0;
+  m.warm(write);
+  const PagerStats b_on = m.on.p->stats(), b_off = m.off.p->stats();
+  std::vector<double> on_us, off_us;
+  for (auto _ : state) {
+    for (int round = 0; round < 5; ++round) {
+      m.pass(m.on, write, &on_us);
+      m.pass(m.off, write, &off_us);
+    }
+  }
+  const PagerStats s_on = m.on.p->stats(), s_off = m.off.p->stats();
+  state.counters["move_p50_us"] = p50(on_us);
+  state.counters["copy_p50_us"] = p50(off_us);
+  state.counters["move_victim_hits"] = static_cast<double>(s_on.faults_victim - b_on.faults_victim);
+  state.counters["copy_victim_hits"] =
+      static_cast<double>(s_off.faults_victim - b_off.faults_victim);
+  state.counters["moved_in"] = static_cast<double>(s_on.moves_in - b_on.moves_in);
+  state.counters["moved_out"] = static_cast<double>(s_on.moves_out - b_on.moves_out);
+  state.counters["move_fallbacks"] = static_cast<double>(s_on.move_fallbacks);
+}
+
+void BM_EvictCycle(benchmark::State& state) {
+  MovePair m;
+  if (!m.start(state)) return;
+  const bool write = state.range(0) != 0;
+  m.warm(write);
+  const PagerStats b_on = m.on.p->stats(), b_off = m.off.p->stats();
+  std::vector<double> on_rate, off_rate;
+  for (auto _ : state) {
+    for (int round = 0; round < 5; ++round) {
+      for (int k = 0; k < 2; ++k) {
+        Rig& r = k == 0 ? m.on : m.off;
+        uint64_t d0 = r.p->stats().demotions;
+        double t = time_us([&] { m.pass(r, write, nullptr); });
+        uint64_t d = r.p->stats().demotions - d0;
+        (k == 0 ? on_rate : off_rate).push_back(static_cast<double>(d) / t * 1e6);
+      }
+    }
+  }
+  const PagerStats s_on = m.on.p->stats(), s_off = m.off.p->stats();
+  state.counters["move_demotions_per_s"] = p50(on_rate);
+  state.counters["copy_demotions_per_s"] = p50(off_rate);
+  state.counters["move_demotions"] = static_cast<double>(s_on.demotions - b_on.demotions);
+  state.counters["copy_demotions"] = static_cast<double>(s_off.demotions - b_off.demotions);
+  state.counters["moved_out"] = static_cast<double>(s_on.moves_out - b_on.moves_out);
+  state.counters["move_fallbacks"] = static_cast<double>(s_on.move_fallbacks);
+}
+
 BENCHMARK(BM_KernelFirstTouch)->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_BareUffd)->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PagerZeroFault)->Iterations(1)->Unit(benchmark::kMillisecond);
@@ -208,6 +315,18 @@ BENCHMARK(BM_PagerScan)
     ->Arg(0)
     ->Arg(1)
     ->ArgName("prefetch")
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_VictimHit)
+    ->Arg(0)
+    ->Arg(1)
+    ->ArgName("write")
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EvictCycle)
+    ->Arg(0)
+    ->Arg(1)
+    ->ArgName("write")
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 

@@ -18,6 +18,26 @@ Result<uint64_t> parse_local_mem(std::string_view text) {
   return parse_size_or_percent(text, "FARMEM_LOCAL_MEM", physical_ram_bytes());
 }
 
+Result<UffdMoveMode> parse_uffd_move(std::string_view text) {
+  if (text == "auto") return UffdMoveMode::kAuto;
+  if (text == "on") return UffdMoveMode::kOn;
+  if (text == "off") return UffdMoveMode::kOff;
+  return make_error(Errc::kInvalidArgument, "FARMEM_UFFD_MOVE=%.*s: expected auto, on or off",
+                    static_cast<int>(text.size()), text.data());
+}
+
+const char* uffd_move_name(UffdMoveMode m) {
+  switch (m) {
+    case UffdMoveMode::kAuto:
+      return "auto";
+    case UffdMoveMode::kOn:
+      return "on";
+    case UffdMoveMode::kOff:
+      return "off";
+  }
+  return "?";
+}
+
 Status PagerConfig::validate() const {
   if (block_size < 4096 || block_size > (2u << 20) || (block_size & (block_size - 1)) != 0) {
     return make_error(Errc::kInvalidArgument,
@@ -86,6 +106,11 @@ Result<PagerConfig> PagerConfig::from_env(PagerConfig c) {
     auto r = parse_uint(v, "FARMEM_PREFETCH", 0, 1);
     if (!r.ok()) return r.status();
     c.prefetch = *r == 1;
+  }
+  if (const char* v = getenv("FARMEM_UFFD_MOVE")) {
+    auto r = parse_uffd_move(v);
+    if (!r.ok()) return r.status();
+    c.uffd_move = *r;
   }
   FARMEM_RETURN_IF_ERROR(c.validate());
   return c;

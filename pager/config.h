@@ -12,6 +12,7 @@
 //   FARMEM_PAGER_THREADS   fault handler threads (1..64)
 //   FARMEM_BLOCK_SIZE      fetch granularity (4K .. 2M, a power of two)
 //   FARMEM_PREFETCH        0 / 1
+//   FARMEM_UFFD_MOVE       auto / on / off: UFFDIO_MOVE for victim-cache traffic
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,12 @@
 #include "runtime/status.h"
 
 namespace farmem {
+
+// UFFDIO_MOVE between the region and the victim slots (Linux >= 6.8):
+// kAuto uses it when the kernel has it (not the default, see uffd_move), kOn makes its absence a
+// start-up error, kOff keeps the copy path (UFFDIO_COPY in, memcpy + MADV_DONTNEED out). Either way
+// a block that cannot move (pinned for DMA, shared after fork) takes the copy path.
+enum class UffdMoveMode : uint8_t { kAuto, kOn, kOff };
 
 struct PagerConfig {
   // Virtual bytes reserved: sized by the remote capacity, not by local memory.
@@ -47,12 +54,20 @@ struct PagerConfig {
   // Per-handler staging blocks for demand fetches; 0 = auto (256 KiB worth,
   // 2 .. 64 blocks).
   uint32_t staging_blocks = 0;
+  // See UffdMoveMode. Off by default: measured slower than the copy path
+  // here (bench/pager_bench.cc BM_VictimHit / BM_EvictCycle; figures in
+  // pager.h, "UFFDIO_MOVE"). FARMEM_UFFD_MOVE=auto turns it on where present.
+  UffdMoveMode uffd_move = UffdMoveMode::kOff;
 
   Status validate() const;
   // Overrides fields from FARMEM_* variables; a bad value is an error that
   // names the variable.
   static Result<PagerConfig> from_env(PagerConfig base);
 };
+
+// "auto" / "on" / "off"; kInvalidArgument names FARMEM_UFFD_MOVE otherwise.
+Result<UffdMoveMode> parse_uffd_move(std::string_view text);
+const char* uffd_move_name(UffdMoveMode m);
 
 // min(max(cores / 2, 1), 8): a fault costs one hand-off (kernel -> handler),
 // more threads than cores only add contention.

@@ -47,6 +47,9 @@ void PagerCounters::snapshot(PagerStats* s) const {
   s->evictions_clean = ld(evictions_clean);
   s->evictions_dirty = ld(evictions_dirty);
   s->writeback_errors = ld(writeback_errors);
+  s->moves_out = ld(moves_out);
+  s->moves_in = ld(moves_in);
+  s->move_fallbacks = ld(move_fallbacks);
   s->reads = ld(reads);
   s->writes = ld(writes);
   s->bytes_read = ld(bytes_read);
@@ -63,7 +66,8 @@ std::string PagerStats::to_string() const {
       buf, sizeof buf,
       "faults: zero %llu remote %llu wp %llu victim %llu waited %llu; fetch p50 %llu us "
       "p99 %llu us\n"
-      "evict: demoted %llu clean %llu dirty %llu wb-errors %llu\n"
+      "evict: demoted %llu clean %llu dirty %llu wb-errors %llu; moved out %llu in %llu "
+      "fallbacks %llu\n"
       "io: reads %llu (%llu B) writes %llu (%llu B)\n"
       "prefetch: issued %llu used %llu mapped %llu unused %llu\n"
       "memory: resident %llu B (peak %llu) of budget %llu B; remote %llu B",
@@ -74,9 +78,10 @@ std::string PagerStats::to_string() const {
       static_cast<unsigned long long>(fetch_latency.percentile_us(0.99)),
       static_cast<unsigned long long>(demotions), static_cast<unsigned long long>(evictions_clean),
       static_cast<unsigned long long>(evictions_dirty),
-      static_cast<unsigned long long>(writeback_errors), static_cast<unsigned long long>(reads),
-      static_cast<unsigned long long>(bytes_read), static_cast<unsigned long long>(writes),
-      static_cast<unsigned long long>(bytes_written),
+      static_cast<unsigned long long>(writeback_errors), static_cast<unsigned long long>(moves_out),
+      static_cast<unsigned long long>(moves_in), static_cast<unsigned long long>(move_fallbacks),
+      static_cast<unsigned long long>(reads), static_cast<unsigned long long>(bytes_read),
+      static_cast<unsigned long long>(writes), static_cast<unsigned long long>(bytes_written),
       static_cast<unsigned long long>(prefetch_issued),
       static_cast<unsigned long long>(prefetch_used),
       static_cast<unsigned long long>(prefetch_mapped),

@@ -35,6 +35,11 @@ struct PagerStats {
   uint64_t evictions_clean = 0;   // dropped without I/O
   uint64_t evictions_dirty = 0;   // written back, then dropped
   uint64_t writeback_errors = 0;  // WRITEs that failed and were kept for a retry
+  // UFFDIO_MOVE (config uffd_move): blocks moved instead of copied, and
+  // moves refused by the kernel (pinned / shared page) that took the copy path.
+  uint64_t moves_out = 0;  // region -> victim slot (demotion)
+  uint64_t moves_in = 0;   // victim slot -> region (victim hit)
+  uint64_t move_fallbacks = 0;
   // Transport traffic.
   uint64_t reads = 0;
   uint64_t writes = 0;
@@ -62,6 +67,7 @@ struct alignas(64) PagerCounters {
       faults_waited{0};
   std::atomic<uint64_t> latency[LatencyHistogram::kBuckets]{};
   std::atomic<uint64_t> demotions{0}, evictions_clean{0}, evictions_dirty{0}, writeback_errors{0};
+  std::atomic<uint64_t> moves_out{0}, moves_in{0}, move_fallbacks{0};
   std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0};
   std::atomic<uint64_t> prefetch_issued{0}, prefetch_used{0}, prefetch_unused{0},
       prefetch_mapped{0};

@@ -18,6 +18,24 @@ constexpr uint64_t kFeatureWpUnpopulated = 1ull << 13;
 constexpr uint64_t kFeatureWpAsync = 1ull << 15;
 constexpr uint64_t kFeatureMove = 1ull << 16;
 
+// UFFDIO_MOVE, also newer than those headers (include/uapi/linux/userfaultfd.h):
+//
+//   struct uffdio_move {            ioctl _IOWR(0xAA, 0x05, struct uffdio_move)
+//     u64 dst, src, len;            page-aligned
+//     u64 mode;                     DONTWAKE = 1, ALLOW_SRC_HOLES = 2
+//     s64 move;                     out: bytes moved, or -errno
+//   };
+struct UffdioMove {
+  uint64_t dst;
+  uint64_t src;
+  uint64_t len;
+  uint64_t mode;
+  int64_t move;
+};
+constexpr unsigned kIoctlMoveNr = 0x05;
+constexpr unsigned long kIoctlMove = _IOWR(UFFDIO, kIoctlMoveNr, UffdioMove);
+constexpr uint64_t kMoveModeDontWake = 1;
+
 int open_raw(UffdSource* source, int* syscall_errno, int* dev_errno) {
   // Without UFFD_USER_MODE_ONLY on purpose: a syscall such as read() into a
   // far buffer must be able to fault on it too.
@@ -100,8 +118,8 @@ Result<Uffd> Uffd::open() {
   if (!u.fd_.valid()) return uffd_permission_error(se, de);
   uffdio_api want{};
   want.api = UFFD_API;
-  want.features =
-      UFFD_FEATURE_PAGEFAULT_FLAG_WP | (f.exact_address ? UFFD_FEATURE_EXACT_ADDRESS : 0);
+  want.features = UFFD_FEATURE_PAGEFAULT_FLAG_WP |
+                  (f.exact_address ? UFFD_FEATURE_EXACT_ADDRESS : 0) | (f.move ? kFeatureMove : 0);
   if (ioctl(u.fd_.get(), UFFDIO_API, &want) != 0) {
     return make_error(Errc::kIo, "UFFDIO_API with features 0x%llx failed: %s",
                       static_cast<unsigned long long>(want.features), strerror(errno));
@@ -132,6 +150,26 @@ Status Uffd::register_range(void* addr, size_t len) {
   if ((reg.ioctls & kNeed) != kNeed) {
     return make_error(Errc::kUnavailable,
                       "UFFDIO_REGISTER granted ioctls 0x%llx without COPY/WRITEPROTECT/WAKE",
+                      static_cast<unsigned long long>(reg.ioctls));
+  }
+  return ok_status();
+}
+
+Status Uffd::register_wp_only(void* addr, size_t len) {
+  uffdio_register reg{};
+  reg.range.start = reinterpret_cast<uintptr_t>(addr);
+  reg.range.len = len;
+  reg.mode = UFFDIO_REGISTER_MODE_WP;
+  if (ioctl(fd_.get(), UFFDIO_REGISTER, &reg) != 0) {
+    return make_error(Errc::kIo,
+                      "UFFDIO_REGISTER (WP) of %zu bytes at %p failed: %s; the range must be "
+                      "private anonymous memory",
+                      len, addr, strerror(errno));
+  }
+  if ((reg.ioctls & (1ull << kIoctlMoveNr)) == 0) {
+    return make_error(Errc::kUnavailable,
+                      "UFFDIO_REGISTER granted ioctls 0x%llx without UFFDIO_MOVE; this kernel "
+                      "cannot move pages (set FARMEM_UFFD_MOVE=off)",
                       static_cast<unsigned long long>(reg.ioctls));
   }
   return ok_status();
@@ -182,6 +220,38 @@ Errc Uffd::write_protect(void* addr, size_t len, bool protect, int* err) noexcep
     if (ioctl(fd_.get(), UFFDIO_WRITEPROTECT, &w) == 0) return Errc::kOk;
     if (errno == EAGAIN) continue;
     if (err) *err = errno;
+    return Errc::kIo;
+  }
+}
+
+Errc Uffd::move(void* dst, void* src, size_t len, bool wake, int* err) noexcept {
+  char* const dst0 = static_cast<char*>(dst);
+  char* const src0 = static_cast<char*>(src);
+  size_t done = 0;
+  for (;;) {
+    UffdioMove m{};
+    m.dst = reinterpret_cast<uintptr_t>(dst0 + done);
+    m.src = reinterpret_cast<uintptr_t>(src0 + done);
+    m.len = len - done;
+    m.mode = wake ? 0 : kMoveModeDontWake;
+    if (ioctl(fd_.get(), kIoctlMove, &m) == 0) return Errc::kOk;
+    int e = errno;
+    if (m.move > 0) done += static_cast<size_t>(m.move);
+    // EAGAIN: a page was under migration or the move stopped part way;
+    // the rest is retried so that a block is never left split.
+    if (e == EAGAIN && done < len) continue;
+    if (e == EAGAIN) return Errc::kOk;
+    if (err) *err = e;
+    // A block moved in part (a later page was pinned or shared): the moved
+    // pages go back so that the caller sees all or nothing. They are ours
+    // and exclusive, so moving them back cannot hit EBUSY.
+    if (done > 0) {
+      int e2 = 0;
+      if (move(src0, dst0, done, /*wake=*/false, &e2) != Errc::kOk) {
+        if (err) *err = e2;
+        return Errc::kInternal;
+      }
+    }
     return Errc::kIo;
   }
 }

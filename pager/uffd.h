@@ -59,6 +59,12 @@ class Uffd {
 
   // Registers [addr, addr+len) in MISSING and WP modes.
   Status register_range(void* addr, size_t len);
+  // Registers [addr, addr+len) in WP mode only: missing pages there are
+  // filled by the kernel as usual, but the range may be the destination of
+  // move() (UFFDIO_MOVE needs a destination registered with this
+  // descriptor, and equal page protections on both sides, which WP
+  // registration changes).
+  Status register_wp_only(void* addr, size_t len);
   Status unregister_range(void* addr, size_t len);
 
   // Fault-path ioctls. All return kOk or a bare Errc (never allocate):
@@ -71,6 +77,15 @@ class Uffd {
   // Sets or clears write protection; clearing wakes the waiters.
   Errc write_protect(void* addr, size_t len, bool protect, int* err = nullptr) noexcept;
   Errc wake(void* addr, size_t len) noexcept;
+  // UFFDIO_MOVE (features().move, Linux >= 6.8): moves the pages of
+  // [src, src+len) to dst without copying; src becomes unmapped, dst is
+  // mapped writable and not write-protected. Wakes the waiters on dst unless
+  // wake is false. Errors (errno in *err): EEXIST dst is mapped; EBUSY a
+  // source page is shared (fork, KSM) or pinned (DMA); ENOENT a source page
+  // is missing; EINVAL the ranges do not qualify. Callers fall back to
+  // copy() on kIo: a range that moved in part is moved back first, so kIo
+  // means nothing moved. kInternal: that undo failed (the caller must stop).
+  Errc move(void* dst, void* src, size_t len, bool wake, int* err = nullptr) noexcept;
 
  private:
   Fd fd_;

@@ -141,6 +141,7 @@ Status DonorSession::handshake() {
   wire::Challenge ch;
   FARMEM_RETURN_IF_ERROR(
       hello(fd, donor, wire::Role::kControl, client_id_, opts_.io_timeout_ms, &ch));
+  donor_flags_ = ch.flags;
   wire::Auth auth;  // all-zero MAC without a token: accepted by --insecure donors only
   if (!opts_.token.empty()) {
     auto key = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(opts_.token.data()),

@@ -70,6 +70,9 @@ class DonorSession {
 
   // Session id, secret, capacity, slab size, limits, instance id.
   const wire::Welcome& welcome() const { return welcome_; }
+  // CHALLENGE flags of the donor (wire::kChallengeVerbs, ...).
+  uint32_t donor_flags() const { return donor_flags_; }
+  bool serves_verbs() const { return (donor_flags_ & wire::kChallengeVerbs) != 0; }
   const Endpoint& endpoint() const { return opts_.server; }
   uint64_t client_id() const { return client_id_; }
 
@@ -98,6 +101,7 @@ class DonorSession {
   DonorClientOptions opts_;
   uint64_t client_id_ = 0;
   wire::Welcome welcome_{};
+  uint32_t donor_flags_ = 0;
 
   std::mutex mu_;                // one request at a time on fd_
   Fd fd_;                        // closed only by close() (under mu_)

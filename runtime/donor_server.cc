@@ -644,6 +644,9 @@ bool DonorServer::Impl::handshake(Worker& w, std::shared_ptr<Session>* session) 
   wire::Challenge ch;
   ch.instance_id = instance_id_;
   ch.nonce = w.nonce;
+#if defined(FARMEM_HAVE_VERBS)
+  if (verbs_) ch.flags |= wire::kChallengeVerbs;
+#endif
   wire::encode_challenge(w.out, hello_tag, ch);
   if (w.flush() != Errc::kOk) return false;
 

@@ -100,6 +100,10 @@ inline constexpr uint32_t kMaxIoLength = 2u << 20;
 inline constexpr uint32_t kMaxControlPayload = 4096;
 inline constexpr uint32_t kMaxErrorMessage = 1024;
 inline constexpr uint32_t kMaxSlabsPerLease = 128;
+// CHALLENGE flags: what the donor serves besides the tcp data path.
+// kChallengeVerbs: an rdma_cm listener on the control port's number (the
+// verbs data path); clients choosing FARMEM_TRANSPORT=auto need it.
+inline constexpr uint32_t kChallengeVerbs = 1u << 0;
 inline constexpr size_t kSlabDescSize = 24;
 static_assert(8 + kMaxSlabsPerLease * kSlabDescSize <= kMaxControlPayload);
 

@@ -2,8 +2,7 @@
 # README command 1: installs what is missing, builds, and runs the main job
 # against a donor daemon on this machine.
 #
-#   tools/demo.sh                 # 64 MiB out to farmemd and back, checked
-#   tools/demo.sh --size 200M     # arguments go to the main job
+#   tools/demo.sh                 # python3 with a 20M local budget against farmemd
 #
 # Steps: tools/install-deps.sh; build farmemd and the main job in build/
 # (RelWithDebInfo: optimised, with symbols); write a random token to a
@@ -12,13 +11,13 @@
 # daemon and print its log. The daemon and the temporary files are cleaned
 # up on every exit path, Ctrl-C included.
 #
-# The main job today is the tcp transport demo (examples/transport_demo.cc).
-# When the pager and the preload library land it becomes an unmodified
-# program under LD_PRELOAD: change MAIN_TARGETS and main_job() below.
+# The main job is an unmodified program under LD_PRELOAD (main_job() below);
+# examples/transport_demo.cc is the transport-level demo it replaced.
 #
 # Environment: FARMEM_BUILD_DIR (default build, relative to the repository
 # or absolute), FARMEM_DEMO_CAPACITY (default 256M), FARMEM_DEMO_NO_BUILD=1
-# (skip install and build: ctest runs this script on its own build tree).
+# (skip install and build: ctest runs this script on its own build tree),
+# FARMEM_DEMO_LOCAL_MEM (default 20M).
 set -euo pipefail
 exec </dev/null
 
@@ -26,14 +25,42 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
 BUILD=${FARMEM_BUILD_DIR:-build}
 [[ $BUILD == /* ]] || BUILD=$ROOT/$BUILD
-CAPACITY=${FARMEM_DEMO_CAPACITY:-256M}
+CAPACITY=${FARMEM_DEMO_CAPACITY:-512M}
 
 # ---- The main job -------------------------------------------------------------
-MAIN_TARGETS=(farmem_transport_demo)
+# An unmodified Debian program (python3 building and hashing ~100 MiB of
+# structures) runs twice: once as it is, once under the preload library with
+# a local budget of FARMEM_DEMO_LOCAL_MEM (default 20M, about a fifth of its
+# heap), so most of its heap lives in farmemd. The two outputs must be
+# identical; FARMEM_STATS=1 prints what the pager did.
+MAIN_TARGETS=(farmem_preload)
+LOCAL_MEM=${FARMEM_DEMO_LOCAL_MEM:-20M}
+PROGRAM=(/usr/bin/python3 "$ROOT/tests/allocator/workloads/structures.py")
+
 # Runs with FARMEM_SERVERS and FARMEM_TOKEN_FILE set to the daemon started
 # below; its exit status is the script's.
 main_job() {
-  "$BUILD/examples/farmem_transport_demo" "$@"
+  local plain far
+  log "running without farmem: ${PROGRAM[*]##*/}"
+  plain=$(/usr/bin/time -f '%e s, peak RSS %M KiB' -o "$WORK/time.plain" "${PROGRAM[@]}")
+  log "  output: $(echo "$plain" | tr '\n' ' ')($(cat "$WORK/time.plain"))"
+  log "running under LD_PRELOAD=libfarmem_preload.so with FARMEM_LOCAL_MEM=$LOCAL_MEM"
+  # /usr/bin/time measures; env sets LD_PRELOAD for the program alone.
+  far=$(/usr/bin/time -f '%e s, peak RSS %M KiB' -o "$WORK/time.far" \
+    env LD_PRELOAD="$BUILD/preload/libfarmem_preload.so" FARMEM_LOCAL_MEM="$LOCAL_MEM" \
+    FARMEM_STATS=1 "${PROGRAM[@]}" 2>"$WORK/far.stderr") || {
+    err "the program failed under farmem; its stderr:"
+    sed 's/^/  | /' "$WORK/far.stderr" >&2
+    return 1
+  }
+  log "  output: $(echo "$far" | tr '\n' ' ')($(cat "$WORK/time.far"))"
+  log "what farmem did (FARMEM_STATS=1):"
+  sed 's/^/  | /' "$WORK/far.stderr"
+  if [[ $plain != "$far" ]]; then
+    err "FAILED: the output under farmem differs from the plain run"
+    return 1
+  fi
+  log "the output under farmem is identical to the plain run"
 }
 
 # ---- Plumbing -------------------------------------------------------------------

@@ -31,6 +31,9 @@ PACKAGES=(
   libbenchmark-dev # Google Benchmark: bench/
   libssl-dev       # libcrypto: HMAC-SHA256 and the RNG of the handshake
   iproute2         # `ss`: tools/demo.sh finds the port farmemd bound and waits for it
+  python3          # tests/allocator: an unmodified Debian python3 runs under the preload library
+  sqlite3          # tests/allocator: an unmodified sqlite3 runs under the preload library
+  time             # /usr/bin/time: tools/demo.sh reports run time and peak RSS
   # ---- Later issues: Soft-RoCE guest packages (qemu, kernel image, ...) go here.
   # FARMEM-DEPS-SOFTROCE
 )

@@ -50,7 +50,8 @@ extern "C" {
 typedef struct fm_config {
   size_t struct_size;         /* sizeof(fm_config); set by fm_config_init */
   const char* servers;        /* "HOST:PORT[,HOST:PORT...]" (tcp) */
-  const char* transport;      /* "tcp" (default) or "loopback" (in-process donor) */
+  const char* transport;      /* "auto" (default: verbs if RDMA reaches the donors, else tcp),
+                                 "tcp", "verbs" or "loopback" (in-process donor) */
   const char* token_file;     /* the donors' shared token; NULL = none (insecure donors) */
   uint64_t local_mem;         /* local budget in bytes; 0 = 256 MiB */
   uint64_t loopback_capacity; /* loopback donor size; 0 = 1 GiB */

@@ -46,6 +46,8 @@ struct IntegrityParam {
   int threads;
   uint32_t block;
   int ops;  // over all threads
+  // kAuto: UFFDIO_MOVE where the kernel has it; kOff: the base copy path.
+  UffdMoveMode move = UffdMoveMode::kAuto;
 };
 
 class PagerIntegrityTest : public ::testing::TestWithParam<IntegrityParam> {};
@@ -62,7 +64,9 @@ TEST_P(PagerIntegrityTest, RandomReadWriteMatchesReference) {
   PagerConfig c = small_config(budget_pages, region_pages);
   c.block_size = prm.block;
   c.handler_threads = 2;
+  c.uffd_move = prm.move;
   P& p = rig.start(c);
+  ASSERT_EQ(p.uses_move(), prm.move == UffdMoveMode::kAuto && p.features().move);
   auto* mem = static_cast<uint8_t*>(p.base());
   std::vector<uint8_t> ref(region_pages * kPage, 0);
 
@@ -130,16 +134,29 @@ TEST_P(PagerIntegrityTest, RandomReadWriteMatchesReference) {
   EXPECT_GT(s.evictions_dirty, 3 * budget_blocks) << s.to_string();
   EXPECT_GT(s.faults_remote, 3 * budget_blocks) << s.to_string();
   EXPECT_EQ(s.writeback_errors, 0u);
+  if (p.uses_move()) {
+    // Both directions really moved pages (the copy path is the fallback).
+    EXPECT_GT(s.moves_out, 0u) << s.to_string();
+    EXPECT_GT(s.moves_in, 0u) << s.to_string();
+    // Moves go only into slots known to be empty, and nothing here is
+    // pinned or shared: the kernel refuses none.
+    EXPECT_EQ(s.move_fallbacks, 0u) << s.to_string();
+  } else {
+    EXPECT_EQ(s.moves_out + s.moves_in + s.move_fallbacks, 0u) << s.to_string();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, PagerIntegrityTest,
                          ::testing::Values(IntegrityParam{1, 4096, 20000},
                                            IntegrityParam{2, 4096, 20000},
                                            IntegrityParam{8, 4096, 20000},
-                                           IntegrityParam{2, 65536, 2500}),
+                                           IntegrityParam{2, 65536, 2500},
+                                           IntegrityParam{2, 4096, 20000, UffdMoveMode::kOff},
+                                           IntegrityParam{2, 65536, 2500, UffdMoveMode::kOff}),
                          [](const auto& pinfo) {
                            return std::to_string(pinfo.param.threads) + "threads_block" +
-                                  std::to_string(pinfo.param.block);
+                                  std::to_string(pinfo.param.block) + "_move_" +
+                                  uffd_move_name(pinfo.param.move);
                          });
 
 // Writes `pages` pages with version-0 contents starting at page `first`.

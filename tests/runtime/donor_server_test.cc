@@ -943,23 +943,32 @@ TEST_F(DonorServerTest, PipelinedMixedRequestsAnsweredInOrder) {
   auto l = a.ctl.lease(2 * kSlab);
   ASSERT_TRUE(l.ok());
   const uint32_t s0 = (*l)[0].slab, s1 = (*l)[1].slab;
-  const uint32_t unleased = 15 - ((s0 == 15 || s1 == 15) ? 1 : 0) - ((s0 == 14 || s1 == 14) ? 1 : 0);
+  const uint32_t unleased =
+      15 - ((s0 == 15 || s1 == 15) ? 1 : 0) - ((s0 == 14 || s1 == 14) ? 1 : 0);
   auto small = pattern(4096, 1);
   auto big = pattern(kSlab, 2);          // > the 256 KiB receive buffer
   auto refused = pattern(300 << 10, 3);  // refused WRITE, body straddles the buffer
   std::vector<uint8_t> b;
   uint64_t tag = 100;
   wire::encode_io_req(b, MsgType::kWrite, tag++, {s0, 4096, 0}, small.data());
-  for (int i = 0; i < 50; ++i) wire::encode_io_req(b, MsgType::kRead, tag++, {s0, 4096, 0}, nullptr);
+  for (int i = 0; i < 50; ++i)
+    wire::encode_io_req(b, MsgType::kRead, tag++, {s0, 4096, 0}, nullptr);
   wire::encode_io_req(b, MsgType::kRead, tag++, {s0, 4096, kSlab - 100}, nullptr);  // out of range
-  wire::encode_io_req(b, MsgType::kRead, tag++, {unleased, 64, 0}, nullptr);       // not leased
+  wire::encode_io_req(b, MsgType::kRead, tag++, {unleased, 64, 0}, nullptr);        // not leased
   wire::encode_io_req(b, MsgType::kWrite, tag++, {s1, static_cast<uint32_t>(kSlab), 0}, big.data());
-  wire::encode_io_req(b, MsgType::kWrite, tag++, {unleased, static_cast<uint32_t>(refused.size()), 0}, refused.data());
+  wire::encode_io_req(b, MsgType::kWrite, tag++,
+                      {unleased, static_cast<uint32_t>(refused.size()), 0}, refused.data());
   wire::encode_io_req(b, MsgType::kRead, tag++, {s1, static_cast<uint32_t>(kSlab), 0}, nullptr);
-  for (int i = 0; i < 300; ++i) wire::encode_io_req(b, MsgType::kRead, tag++, {s1, 4096, 4096u * (i % 256)}, nullptr);
+  for (int i = 0; i < 300; ++i)
+    wire::encode_io_req(b, MsgType::kRead, tag++, {s1, 4096, 4096u * (i % 256)}, nullptr);
   std::thread sender([&] { ASSERT_TRUE(a.data.send_raw(b).ok()); });
   uint64_t want = 100;
-  auto next = [&]() { auto f = a.data.recv_frame(); EXPECT_TRUE(f.ok()); EXPECT_EQ(f->header.tag, want++); return *f; };
+  auto next = [&]() {
+    auto f = a.data.recv_frame();
+    EXPECT_TRUE(f.ok());
+    EXPECT_EQ(f->header.tag, want++);
+    return *f;
+  };
   EXPECT_EQ(next().header.type, MsgType::kWritten);
   for (int i = 0; i < 50; ++i) {
     auto f = next();

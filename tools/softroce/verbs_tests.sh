@@ -8,10 +8,12 @@
 #                ib_write_bw, as ratios (goal: bandwidth >= 0.9 x perftest,
 #                latency <= 1.1 x perftest). Emulated figures mean nothing
 #                on their own; the ratios are reported, never failed on.
-# The pager integrity test over verbs is not part of it yet.
+#   pager        the pager's integrity test over verbs (region 10x the
+#                local budget, byte-exact against a reference)
 #
 #   tools/softroce/verbs_tests.sh --conformance build/tests/runtime/transport_conformance_test \
-#       --isolation build/tests/softroce/verbs_isolation_test --bench build/tests/softroce/verbs_bench
+#       --isolation build/tests/softroce/verbs_isolation_test --bench build/tests/softroce/verbs_bench \
+#       --pager build/tests/softroce/pager_verbs_test
 #
 # Every other option goes to run.sh (--timeout, --accel, ...). Every test's
 # result is printed; the exit status is 0 when all passed, 77 when the guest
@@ -135,12 +137,12 @@ check_bench() {
 }
 
 guest_main() {
-  local conf="$1" iso="$2" bench="$3"
+  local conf="$1" iso="$2" bench="$3" pager="$4"
   work="$(mktemp -d)"
   [[ -n "$conf" ]] && check conformance run_gtest "$conf" --gtest_filter='*/verbs.*'
   [[ -n "$iso" ]] && check isolation run_gtest "$iso"
+  [[ -n "$pager" ]] && check pager run_gtest "$pager"
   [[ -n "$bench" ]] && check bench check_bench "$bench"
-  echo "---- pager integrity over verbs: not run (no verbs pager test yet)"
   rm -rf "$work"
   echo "verbs_tests: $guest_passed passed, $guest_failed failed"
   ((guest_failed == 0 && guest_passed > 0))
@@ -150,6 +152,7 @@ guest_main() {
 conf=""
 iso=""
 bench=""
+pager=""
 in_guest=0
 run_args=()
 abs() { echo "$(cd "$(dirname "$1")" && pwd -P)/$(basename "$1")"; }
@@ -158,6 +161,7 @@ while (($#)); do
     --conformance) conf="${2:?--conformance needs the transport_conformance_test binary}"; shift ;;
     --isolation) iso="${2:?--isolation needs the verbs_isolation_test binary}"; shift ;;
     --bench) bench="${2:?--bench needs the verbs_bench binary}"; shift ;;
+    --pager) pager="${2:?--pager needs the pager_verbs_test binary}"; shift ;;
     --in-guest) in_guest=1 ;;
     -h | --help)
       sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
@@ -170,14 +174,15 @@ done
 
 if ((in_guest)); then
   [[ "${SOFTROCE_GUEST:-}" == 1 ]] || softroce_die "--in-guest is for the guest; run verbs_tests.sh without it"
-  guest_main "$conf" "$iso" "$bench"
+  guest_main "$conf" "$iso" "$bench" "$pager"
   exit
 fi
 
-[[ -n "$conf$iso$bench" ]] || softroce_die "nothing to run: give --conformance, --isolation and/or --bench"
+[[ -n "$conf$iso$bench$pager" ]] ||
+  softroce_die "nothing to run: give --conformance, --isolation, --bench and/or --pager"
 shares=(--share "$SOFTROCE_REPO_ROOT")
 guest_args=()
-for pair in "conformance:$conf" "isolation:$iso" "bench:$bench"; do
+for pair in "conformance:$conf" "isolation:$iso" "bench:$bench" "pager:$pager"; do
   name="${pair%%:*}"
   path="${pair#*:}"
   [[ -n "$path" ]] || continue
