@@ -78,6 +78,9 @@ for d in /tmp /run /var/tmp /root; do
 done
 i=0
 for s in $SOFTROCE_SHARES; do
+  # A share under /tmp, /run, /var/tmp or /root sits below the guest's own
+  # tmpfs mounted above: make its mount point there (elsewhere it exists).
+  [ -d "/newroot$s" ] || mkdir -p "/newroot$s" || fail "cannot create mount point $s"
   # cache=mmap: shared writable mappings work, writes reach the host now.
   mount -t 9p -o "$ninep,cache=mmap" "share$i" "/newroot$s" || fail "cannot mount share $s"
   i=$((i + 1))
