@@ -145,6 +145,10 @@ void* ExtentSpace::alloc(void* new_addr, size_t size, size_t alignment) {
 }
 
 bool ExtentSpace::drop(void* addr, size_t size) {
+  // In a fork()ed child the pages stay: dropping them would make the
+  // parent refill them from the fork snapshot, not read zeros. jemalloc
+  // takes the failure and keeps them (retained or committed).
+  if (backing_->in_fork_child()) return false;
   bump(dropped_bytes_, size);
   const uintptr_t b = reinterpret_cast<uintptr_t>(addr);
   const uintptr_t e = b + size;

@@ -26,6 +26,9 @@
 //   split     succeeds (one region, no per-extent state).
 //   merge     succeeds when both halves lie in this region.
 //
+// In a fork()ed child (FarBacking::in_fork_child()) every drop fails, so
+// dalloc, decommit and purge report failure and jemalloc keeps the pages.
+//
 // Drop granularity is the pager block: whole blocks inside the range are
 // discarded; the partial edges of a block that the range shares with a
 // neighbour (only when FARMEM_BLOCK_SIZE > 4K) are zeroed with memset.

@@ -48,6 +48,19 @@ class FarBacking {
   virtual PagerStats stats() const = 0;
   virtual const char* transport_name() const = 0;
 
+  // fork() (invariant 8; pager/fork_snapshot.h): prepare_fork() right before
+  // fork() on the forking thread, then fork_parent() (also when fork()
+  // failed: the pager finds out) or fork_child().
+  // In the child the backing is inert: in_fork_child() is true, discard and
+  // hints fail (ExtentSpace then keeps the pages: jemalloc must not drop far
+  // pages there, the parent would refill them from the snapshot).
+  virtual Status prepare_fork() { return ok_status(); }
+  virtual void fork_parent() {}
+  virtual void fork_child() {}
+  virtual bool in_fork_child() const { return false; }
+  // Parent exit: live children get every snapshot block before it goes.
+  virtual void finish_fork_children() {}
+
   bool contains(const void* p) const {
     return reinterpret_cast<uintptr_t>(p) - reinterpret_cast<uintptr_t>(base()) < size();
   }
@@ -61,8 +74,13 @@ class PagerBacking final : public FarBacking {
   void* base() const override { return p_->base(); }
   size_t size() const override { return p_->size(); }
   uint32_t block_size() const override { return p_->block_size(); }
-  Status discard(void* addr, size_t len) override { return p_->discard(addr, len); }
+  Status discard(void* addr, size_t len) override {
+    if (p_->in_fork_child()) return child_error("discard");
+    return p_->discard(addr, len);
+  }
   Status hint(FarHint h, void* addr, size_t len) override {
+    // The child has no transport and no pager thread (fork_snapshot.h).
+    if (p_->in_fork_child()) return child_error("a far-memory hint");
     const uintptr_t base = reinterpret_cast<uintptr_t>(p_->base());
     const uintptr_t bs = p_->block_size();
     const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
@@ -84,8 +102,20 @@ class PagerBacking final : public FarBacking {
   }
   PagerStats stats() const override { return p_->stats(); }
   const char* transport_name() const override { return transport_; }
+  Status prepare_fork() override { return p_->prepare_fork(); }
+  void fork_parent() override { p_->fork_parent(); }
+  void fork_child() override { p_->fork_child(); }
+  bool in_fork_child() const override { return p_->in_fork_child(); }
+  void finish_fork_children() override { p_->finish_fork_children(); }
 
  private:
+  static Status child_error(const char* what) {
+    return make_error(Errc::kUnavailable,
+                      "%s in a fork()ed child: far memory there is the parent's snapshot, served "
+                      "by the parent, and stays as it is",
+                      what);
+  }
+
   PagerT* const p_;
   const char* const transport_;
 };

@@ -7,6 +7,7 @@
 
 #include "allocator/local_scope.h"
 #include "pager/pager.h"
+#include "pager/placement.h"
 #include "pager/remote_map.h"
 #include "runtime/auth.h"
 #include "runtime/donor_client.h"
@@ -20,41 +21,40 @@
 namespace farmem {
 namespace {
 
-// Several donors behind the pager's one SlabSource: leases rotate over the
-// donors (a failed or full donor is skipped); ServerId i is donor i.
-class MultiSlabSource final : public SlabSource {
- public:
-  explicit MultiSlabSource(std::vector<std::unique_ptr<SlabSource>> s) : s_(std::move(s)) {}
-  Result<std::vector<Slab>> lease(uint64_t bytes) override {
-    Status last = make_error(Errc::kResourceExhausted, "no donor configured");
-    for (size_t k = 0; k < s_.size(); ++k) {
-      size_t i = (next_ + k) % s_.size();
-      auto r = s_[i]->lease(bytes);
-      if (r.ok()) {
-        next_ = (i + 1) % s_.size();
-        return r;
-      }
-      last = r.status();
-    }
-    return last;
+// More replicas than donors cannot be placed: a clear start-up error.
+Status check_replicas(uint32_t replicas, size_t donors, const char* what) {
+  if (replicas < 1 || replicas > RemoteMap::kMaxReplicas) {
+    return make_error(Errc::kInvalidArgument, "FARMEM_REPLICAS=%u: use 1, 2 or 3", replicas);
   }
-  Status release(ServerId server, SlabId slab) override {
-    if (server >= s_.size()) return make_error(Errc::kInvalidArgument, "unknown server %u", server);
-    return s_[server]->release(server, slab);
+  if (replicas > donors) {
+    return make_error(Errc::kInvalidArgument,
+                      "FARMEM_REPLICAS=%u needs %u donors, but %s %zu; add donors to "
+                      "FARMEM_SERVERS or lower FARMEM_REPLICAS",
+                      replicas, replicas, what, donors);
   }
-  const char* server_name(ServerId server) const noexcept override {
-    return server < s_.size() ? s_[server]->server_name(server) : "unknown donor";
-  }
-  uint64_t lease_granularity() const override { return s_[0]->lease_granularity(); }
-
- private:
-  std::vector<std::unique_ptr<SlabSource>> s_;
-  size_t next_ = 0;  // lease() runs on the evictor only
-};
+  return ok_status();
+}
 
 uint64_t round_region(uint64_t bytes, uint32_t block) {
   uint64_t r = bytes / block * block;
   return r;
+}
+
+// Replication counters of a pager (FARMEM_REPLICAS > 1 only: nothing to
+// say otherwise).
+template <class P>
+void fill_replication(const P* pager, StatsSnapshot& s) {
+  if (!pager) return;
+  const ReplicationStats r = pager->replication_stats();
+  if (r.replicas <= 1) return;
+  s.gauge("replicas", r.replicas, "copies of every written-back page (FARMEM_REPLICAS)");
+  s.counter("donors_failed", r.donors_failed, "donors found dead (transport error or heartbeat)");
+  s.gauge("extents_degraded", r.extents_degraded, "extents short of replicas right now");
+  s.counter("extents_restored", r.extents_restored, "extents re-replicated after a failure");
+  s.counter("bytes_restored", r.bytes_restored, "bytes copied by re-replication");
+  s.counter("restore_ms", r.restore_ns / 1000000, "time spent re-replicating");
+  s.counter("read_failovers", r.read_failovers, "READs retried on another replica");
+  s.counter("extents_lost", r.extents_lost, "extents with no replica left (invariant 6)");
 }
 
 Status start_pager_and_heap_common(const FarOptions& o, uint64_t region, PagerConfig* cfg) {
@@ -176,6 +176,8 @@ class SessionRuntime final : public FarRuntime {
                         "no donor configured: set FARMEM_SERVERS=HOST:PORT (a farmemd), or "
                         "FARMEM_TRANSPORT=loopback for an in-process donor");
     }
+    FARMEM_RETURN_IF_ERROR(
+        check_replicas(opts_.replicas, opts_.servers.size(), "FARMEM_SERVERS names"));
     uint64_t capacity = 0;
     std::string failures;
     for (const Endpoint& ep : opts_.servers) {
@@ -207,21 +209,36 @@ class SessionRuntime final : public FarRuntime {
       return make_error(Errc::kUnavailable, "no donor could be reached (%s)", failures.c_str());
     }
     if (!failures.empty()) FARMEM_LOG(kWarn, "some donors unreachable: %s", failures.c_str());
+    FARMEM_RETURN_IF_ERROR(
+        check_replicas(opts_.replicas, sessions_.size(), "the donors reachable are"));
+    token_ = token;
     // 2. transport
     auto t = SessionBackend<B>::make();
     if (!t.ok()) return t.status();
     transport_ = std::move(*t);
-    std::vector<std::unique_ptr<SlabSource>> srcs;
     for (size_t i = 0; i < sessions_.size(); ++i) {
       FARMEM_RETURN_IF_ERROR(transport_->add_server(static_cast<ServerId>(i), sessions_[i].get()));
-      srcs.push_back(
-          std::make_unique<DonorSessionSlabSource>(static_cast<ServerId>(i), sessions_[i].get()));
     }
-    // 3. slab source
-    if (srcs.size() == 1) {
-      source_ = std::move(srcs[0]);
+    // 3. slab source: one donor, one copy: that donor's source, exactly as
+    // before placement existed. Otherwise placement over every donor
+    // (pager/placement.h), with heartbeats as the health check and lost
+    // donors reconnected as new identities.
+    if (sessions_.size() == 1 && opts_.replicas == 1) {
+      source_ = std::make_unique<DonorSessionSlabSource>(0, sessions_[0].get());
     } else {
-      source_ = std::make_unique<MultiSlabSource>(std::move(srcs));
+      auto place = std::make_unique<PlacementSource>(opts_.replicas, random_u64());
+      for (size_t i = 0; i < sessions_.size(); ++i) {
+        ServerId id = 0;
+        FARMEM_RETURN_IF_ERROR(
+            place->add_donor(donor_of(sessions_[i].get(), static_cast<ServerId>(i)), &id));
+      }
+      place->set_reconnect(
+          [this](const PlacementSource::Donor& lost, ServerId id) { return reconnect(lost, id); });
+      // Every page is stored `replicas` times: the region gets that share
+      // of the donors' capacity.
+      capacity = capacity / opts_.replicas;
+      place_ = place.get();
+      source_ = std::move(place);
     }
     // 4. pager
     PagerConfig cfg;
@@ -241,12 +258,64 @@ class SessionRuntime final : public FarRuntime {
       describe_ += (i ? ", " : "") + sessions_[i]->endpoint().to_string();
       donors_.push_back(sessions_[i]->endpoint().to_string());
     }
+    if (opts_.replicas > 1) describe_ += "; " + std::to_string(opts_.replicas) + " replicas";
     describe_ += "; region " + format_size(cfg.region_size) + ", local budget " +
                  format_size(cfg.local_budget);
     return ok_status();
   }
 
+ protected:
+  void fill_placement_stats(StatsSnapshot& s) override {
+    fill_replication(pager_.get(), s);
+    if (place_) {
+      s.gauge("donors_live", place_->live_donors(), "donors in use and not failed");
+      s.counter("donor_rejoins", place_->rejoins(),
+                "lost donors reachable again, joined as new identities");
+      s.counter("donor_restarts", place_->restarts(),
+                "of those, donors that came back with a new instance id (restarted empty)");
+    }
+  }
+
  private:
+  PlacementSource::Donor donor_of(DonorSession* session, ServerId id) {
+    PlacementSource::Donor d;
+    d.source = std::make_unique<DonorSessionSlabSource>(id, session);
+    d.capacity = session->welcome().capacity;
+    d.instance_id = session->welcome().instance_id;
+    d.address = session->endpoint().to_string();
+    // A HEARTBEAT round trip: fails as soon as the control connection is
+    // lost (a dead donor resets it) or the donor stops answering
+    // (io_timeout_ms).
+    d.probe = [session] { return session->heartbeat(); };
+    return d;
+  }
+
+  // Runs on the re-replication thread (local memory: it was started inside
+  // start()'s LocalScope). A new session, added to the transport as `id`.
+  Result<PlacementSource::Donor> reconnect(const PlacementSource::Donor& lost, ServerId id) {
+    auto eps = parse_endpoint_list(lost.address, "donor address", 7400);
+    if (!eps.ok() || eps->size() != 1) return make_error(Errc::kInvalidArgument, "bad address");
+    DonorClientOptions co;
+    co.server = eps->front();
+    co.token = token_;
+    co.connect_timeout_ms = 500;
+    auto s = DonorSession::connect(co);
+    if (!s.ok()) return s.status();
+    if (kIsVerbs<B> && !(*s)->serves_verbs()) {
+      return make_error(Errc::kNotFound, "donor %s no longer serves verbs", lost.address.c_str());
+    }
+    FARMEM_RETURN_IF_ERROR(transport_->add_server(id, s->get()));
+    DonorSession* raw = s->get();
+    {
+      std::lock_guard<std::mutex> lk(sessions_mu_);
+      sessions_.push_back(std::move(*s));
+    }
+    return donor_of(raw, id);
+  }
+
+  std::string token_;
+  PlacementSource* place_ = nullptr;  // source_, when placement is used
+  std::mutex sessions_mu_;            // reconnect() appends while the pager runs
   std::vector<std::unique_ptr<DonorSession>> sessions_;
   std::unique_ptr<B> transport_;
   std::unique_ptr<SlabSource> source_;
@@ -268,7 +337,7 @@ class LoopbackRuntime final : public FarRuntime {
     pager_.reset();
     source_.reset();
     transport_.reset();
-    donor_.reset();
+    donors_mem_.clear();
   }
   FarHeap& heap() override { return *heap_; }
   FarBacking& backing() override { return *backing_; }
@@ -281,10 +350,31 @@ class LoopbackRuntime final : public FarRuntime {
                         "loopback donor capacity %" PRIu64 " is below one 16 MiB slab",
                         opts_.loopback_capacity);
     }
-    donor_ = std::make_unique<LoopbackDonor>(cap, kSlab);
+    FARMEM_RETURN_IF_ERROR(check_replicas(opts_.replicas, RemoteMap::kMaxReplicas, "at most"));
     transport_ = std::make_unique<LoopbackTransport>();
-    FARMEM_RETURN_IF_ERROR(transport_->add_server(0, donor_.get()));
-    source_ = std::make_unique<LoopbackSlabSource>(0, donor_.get());
+    // FARMEM_REPLICAS=N: N in-process donors of that capacity each.
+    for (uint32_t i = 0; i < opts_.replicas; ++i) {
+      donors_mem_.push_back(std::make_unique<LoopbackDonor>(cap, kSlab));
+      FARMEM_RETURN_IF_ERROR(
+          transport_->add_server(static_cast<ServerId>(i), donors_mem_.back().get()));
+    }
+    if (opts_.replicas == 1) {
+      source_ = std::make_unique<LoopbackSlabSource>(0, donors_mem_[0].get());
+    } else {
+      auto place = std::make_unique<PlacementSource>(opts_.replicas, random_u64());
+      for (uint32_t i = 0; i < opts_.replicas; ++i) {
+        PlacementSource::Donor d;
+        LoopbackDonor* ld = donors_mem_[i].get();
+        d.source = std::make_unique<LoopbackSlabSource>(static_cast<ServerId>(i), ld);
+        d.capacity = ld->capacity();
+        d.probe = [ld] {
+          return ld->dead() ? make_error(Errc::kUnavailable, "loopback donor killed") : ok_status();
+        };
+        ServerId id = 0;
+        FARMEM_RETURN_IF_ERROR(place->add_donor(std::move(d), &id));
+      }
+      source_ = std::move(place);
+    }
     PagerConfig cfg;
     FARMEM_RETURN_IF_ERROR(start_pager_and_heap_common(opts_, cap, &cfg));
     auto p = Pager<LoopbackTransport>::create(cfg, transport_.get(), source_.get());
@@ -296,14 +386,19 @@ class LoopbackRuntime final : public FarRuntime {
     auto h = FarHeap::create(backing_.get(), ho);
     if (!h.ok()) return h.status();
     heap_ = std::move(*h);
-    donors_.push_back("loopback");
-    describe_ = "loopback donor of " + format_size(cap) + "; region " +
-                format_size(cfg.region_size) + ", local budget " + format_size(cfg.local_budget);
+    for (uint32_t i = 0; i < opts_.replicas; ++i) donors_.push_back("loopback");
+    describe_ = (opts_.replicas > 1 ? std::to_string(opts_.replicas) + " loopback donors of "
+                                    : std::string("loopback donor of ")) +
+                format_size(cap) + "; region " + format_size(cfg.region_size) + ", local budget " +
+                format_size(cfg.local_budget);
     return ok_status();
   }
 
+ protected:
+  void fill_placement_stats(StatsSnapshot& s) override { fill_replication(pager_.get(), s); }
+
  private:
-  std::unique_ptr<LoopbackDonor> donor_;
+  std::vector<std::unique_ptr<LoopbackDonor>> donors_mem_;
   std::unique_ptr<LoopbackTransport> transport_;
   std::unique_ptr<SlabSource> source_;
   std::unique_ptr<Pager<LoopbackTransport>> pager_;
@@ -368,6 +463,7 @@ void FarRuntime::fill_stats(StatsSnapshot& s) {
   // Per-donor traffic: the pager counts bytes per process, not per donor,
   // so the split is exact with one donor only (the usual case); with
   // several the totals above are all there is.
+  fill_placement_stats(s);
   if (donors_.size() == 1) {
     const std::string label = "donor=" + donors_[0];
     s.counter("donor_read_bytes", p.bytes_read, "bytes read from this donor", label);

@@ -13,10 +13,13 @@
 //
 //   step            tcp / verbs                  loopback
 //   ------------    ---------------------------  ---------------------------
-//   1 donors        DonorSession per server      LoopbackDonor (in-process)
+//   1 donors        DonorSession per server      LoopbackDonor (in-process;
+//                                                FARMEM_REPLICAS of them)
 //   2 transport     Tcp- / VerbsTransport        LoopbackTransport
 //                   + add_server
-//   3 slab source   DonorSessionSlabSource(s)    LoopbackSlabSource
+//   3 slab source   DonorSessionSlabSource       LoopbackSlabSource
+//                   (one donor, FARMEM_REPLICAS=1), else PlacementSource over
+//                   every donor (pager/placement.h; heartbeats, reconnects)
 //   4 pager         Pager<TcpTransport> /        Pager<LoopbackTransport>
 //                   Pager<VerbsTransport>
 //   5 far heap      PagerBacking + FarHeap (jemalloc arena + extent hooks)
@@ -70,6 +73,8 @@ class FarRuntime {
  protected:
   explicit FarRuntime(const FarOptions& o) : opts_(o) {}
   void start_stats_socket();
+  // Replication counters (FARMEM_REPLICAS > 1), added by fill_stats().
+  virtual void fill_placement_stats(StatsSnapshot&) {}
 
   FarOptions opts_;
   std::string describe_;

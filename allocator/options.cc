@@ -13,6 +13,10 @@ constexpr EnvVar kEnv[] = {
      "auto (verbs when an RDMA device reaches every donor, else tcp; logs which), tcp, verbs "
      "(farmemd donors over RDMA; a start-up error when unavailable) or loopback (an in-process "
      "donor: tests, measuring the pager)"},
+    {"FARMEM_REPLICAS", "1",
+     "copies of every written-back page, each on a different donor (1, 2 or 3; at most the "
+     "number of FARMEM_SERVERS); with 2 or 3 a donor can die without loss: reads fail over and "
+     "the lost copies are rebuilt on the other donors in the background"},
     {"FARMEM_TOKEN_FILE", "(none)",
      "file holding the donors' shared token; unset = no token (insecure donors only)"},
     {"FARMEM_LOCAL_MEM", "256M",
@@ -86,6 +90,17 @@ Result<FarOptions> options_from_env() {
     auto r = parse_endpoint_list(v, "FARMEM_SERVERS", 7400);
     if (!r.ok()) return r.status();
     o.servers = std::move(*r);
+  }
+  if (const char* v = getenv("FARMEM_REPLICAS")) {
+    auto r = parse_uint(v, "FARMEM_REPLICAS", 1, 3);
+    if (!r.ok()) return r.status();
+    o.replicas = static_cast<uint32_t>(*r);
+    if (!o.servers.empty() && o.replicas > o.servers.size()) {
+      return make_error(Errc::kInvalidArgument,
+                        "FARMEM_REPLICAS=%u needs at least %u donors, but FARMEM_SERVERS names "
+                        "%zu; list more donors or lower FARMEM_REPLICAS",
+                        o.replicas, o.replicas, o.servers.size());
+    }
   }
   if (const char* v = getenv("FARMEM_TOKEN_FILE"); v && *v) o.token_file = v;
   if (const char* v = getenv("FARMEM_MIN_FAR")) {

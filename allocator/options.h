@@ -26,7 +26,11 @@ enum class NoDonorPolicy { kFail, kLocal };
 
 struct FarOptions {
   FarTransport transport = FarTransport::kAuto;
-  std::vector<Endpoint> servers;            // tcp: the donors (FARMEM_SERVERS)
+  std::vector<Endpoint> servers;  // tcp: the donors (FARMEM_SERVERS)
+  // Copies of every written-back page, on distinct donors (FARMEM_REPLICAS,
+  // 1..3); more than the donors is a start-up error. Loopback: that many
+  // in-process donors.
+  uint32_t replicas = 1;
   std::string token_file;                   // empty: no token (only --insecure donors accept)
   uint64_t loopback_capacity = 1ull << 30;  // loopback: the in-process donor's size
   uint64_t region_size = 0;                 // 0: the donors' capacity (sum) / loopback_capacity

@@ -14,7 +14,30 @@
 //                          (median pass), move vs copy
 // Each reports p50_us / p99_us per fault (or per page for scans).
 //
+// Issue 3's set, each on loopback (backend:0, the pager's own cost: the
+// loopback transport completes inline in the handler's poll, one memcpy, no
+// thread) and on tcp (backend:1, an in-process DonorServer -- the code
+// farmemd runs -- on 127.0.0.1:0, with a DonorSession and TcpTransport):
+//   BM_ColdFault           kernel first touch, bare userfaultfd round trip and
+//                          pager cold remote fault in interleaved rounds of 256
+//                          (load hits all three alike), each in random page
+//                          order (same page-walk misses); the pager's budget has
+//                          room, so no eviction runs while it is timed (evict()
+//                          between rounds). Reports each p50/p99 and
+//                          ratio_bare = pager/bare, ratio_kernel = pager/kernel
+//                          (p50), added_us = pager p50 - bare p50.
+//   BM_FaultThroughput     random remote read faults/s with 1 and 2
+//                          application threads, working set 4x the budget
+//                          (eviction in the background), default handlers.
+//   BM_SeqScan             sequential read of every byte of a region 4x the
+//                          budget, prefetch off/on, next to the same scan of
+//                          all-local memory: GB/s and ratio = pager/local.
+//   BM_RandomRMW           random 4 KiB read-modify-write (every word of the
+//                          page) over 64 MiB at 25/50/75% budgets: ops/s.
+//
 //   ./build/bench/farmem_bench_pager --benchmark_min_time=1x
+//   build-P/bench/farmem_bench_pager --benchmark_filter=ColdFault --benchmark_repetitions=3
+//       --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
 #include <linux/userfaultfd.h>
 #include <poll.h>
@@ -33,6 +56,11 @@
 #include "pager/remote_map.h"
 #include "pager/uffd.h"
 #include "runtime/loopback_transport.h"
+#if defined(FARMEM_BENCH_TCP)
+#include "runtime/donor_client.h"
+#include "runtime/donor_server.h"
+#include "runtime/tcp_transport.h"
+#endif
 
 namespace farmem {
 namespace {
@@ -327,6 +355,452 @@ BENCHMARK(BM_EvictCycle)
     ->Arg(0)
     ->Arg(1)
     ->ArgName("write")
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+
+// ---- issue 3: cold fault ratios, throughput, scan, random RMW --------------
+
+// The far side of a pager: a backend, its donor and a slab source. Members
+// are destroyed in reverse order (source, transport, then the donor).
+struct LoopbackEnv {
+  using B = LoopbackTransport;
+  static constexpr const char* kName = "loopback";
+  LoopbackDonor donor{1ull << 30, 4ull << 20};
+  LoopbackTransport t;
+  LoopbackSlabSource src{0, &donor};
+  std::string error;
+  LoopbackEnv() { (void)t.add_server(0, &donor); }
+  uint64_t donor_reads() const { return donor.reads(); }
+};
+
+#if defined(FARMEM_BENCH_TCP)
+struct TcpEnv {
+  using B = TcpTransport;
+  static constexpr const char* kName = "tcp";
+  std::unique_ptr<DonorServer> srv;
+  std::unique_ptr<DonorSession> session;
+  std::unique_ptr<TcpTransport> tp;
+  std::unique_ptr<DonorSessionSlabSource> srcp;
+  TcpTransport& t = *(tp = std::make_unique<TcpTransport>());
+  std::string error;
+  TcpEnv() {
+    DonorOptions o;
+    o.listen = {"127.0.0.1", 0};
+    o.capacity = 1ull << 30;
+    o.slab_size = 4ull << 20;
+    o.token = "pager-bench-token";
+    o.try_hugepages = false;
+    auto s = DonorServer::start(o);
+    if (!s.ok()) {
+      error = s.status().to_string();
+      return;
+    }
+    srv = std::move(*s);
+    DonorClientOptions co;
+    co.server = {"127.0.0.1", srv->port()};
+    co.token = o.token;
+    auto c = DonorSession::connect(co);
+    if (!c.ok()) {
+      error = c.status().to_string();
+      return;
+    }
+    session = std::move(*c);
+    Status st = t.add_server(0, session.get());
+    if (!st.ok()) {
+      error = st.to_string();
+      return;
+    }
+    srcp = std::make_unique<DonorSessionSlabSource>(0, session.get());
+  }
+  ~TcpEnv() {
+    srcp.reset();
+    tp.reset();
+    session.reset();
+    if (srv) srv->stop();
+  }
+  SlabSource* source() { return srcp.get(); }
+  uint64_t donor_reads() const {
+    auto st = session->stats();
+    return st.ok() ? st->reads : 0;
+  }
+};
+#endif
+
+template <class Env>
+SlabSource* source_of(Env& e) {
+  if constexpr (requires { e.source(); }) {
+    return e.source();
+  } else {
+    return &e.src;
+  }
+}
+
+// A pager on a fresh Env; the pager is destroyed before the Env.
+template <class Env>
+struct PagerRig {
+  Env env;
+  std::unique_ptr<Pager<typename Env::B>> p;
+  bool start(benchmark::State& state, const PagerConfig& c) {
+    if (!env.error.empty()) {
+      state.SkipWithError(env.error.c_str());
+      return false;
+    }
+    auto r = Pager<typename Env::B>::create(c, &env.t, source_of(env));
+    if (!r.ok()) {
+      state.SkipWithError(r.status().to_string().c_str());
+      return false;
+    }
+    p = std::move(*r);
+    return true;
+  }
+  ~PagerRig() { p.reset(); }
+  char* mem() const { return static_cast<char*>(p->base()); }
+};
+
+// Runs body<Env>(state) on loopback (backend 0) or tcp (backend 1).
+template <template <class> class Body>
+void by_backend(benchmark::State& state) {
+  if (state.range(0) == 0) {
+    Body<LoopbackEnv>::run(state);
+    return;
+  }
+#if defined(FARMEM_BENCH_TCP)
+  Body<TcpEnv>::run(state);
+#else
+  state.SkipWithError("built without farmem::donor: no tcp backend");
+#endif
+}
+
+double pct(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
+}
+
+// A bare userfaultfd round trip kept running across rounds: one handler
+// thread, read() + UFFDIO_COPY of a resident zero page, nothing else.
+struct BareUffdRig {
+  Uffd u;
+  void* mem = nullptr;
+  size_t len = 0;
+  std::atomic<bool> stop{false};
+  std::thread handler;
+  alignas(4096) char zero[kPage] = {};
+  bool start(size_t pages, std::string* err) {
+    auto r = Uffd::open();
+    if (!r.ok()) {
+      *err = r.status().to_string();
+      return false;
+    }
+    u = std::move(*r);
+    len = pages * kPage;
+    mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+               -1, 0);
+    if (mem == MAP_FAILED) {
+      mem = nullptr;
+      *err = "mmap failed";
+      return false;
+    }
+    madvise(mem, len, MADV_NOHUGEPAGE);
+    Status st = u.register_range(mem, len);
+    if (!st.ok()) {
+      *err = st.to_string();
+      return false;
+    }
+    handler = std::thread([this] {
+      uffd_msg m[16];
+      pollfd pfd{u.fd(), POLLIN, 0};
+      while (!stop.load(std::memory_order_relaxed)) {
+        if (poll(&pfd, 1, 10) <= 0) continue;
+        ssize_t got = read(u.fd(), m, sizeof m);
+        for (ssize_t i = 0; i < got / static_cast<ssize_t>(sizeof(uffd_msg)); ++i) {
+          void* page = reinterpret_cast<void*>(m[i].arg.pagefault.address & ~(kPage - 1));
+          (void)u.copy(page, zero, kPage, false);
+        }
+      }
+    });
+    return true;
+  }
+  ~BareUffdRig() {
+    stop = true;
+    if (handler.joinable()) handler.join();
+    if (mem) {
+      (void)u.unregister_range(mem, len);
+      munmap(mem, len);
+    }
+  }
+};
+
+template <class Env>
+struct ColdFault {
+  static void run(benchmark::State& state) {
+    constexpr size_t kRound = 256, kRounds = 40, kWritten = 16384;
+    PagerConfig c;
+    c.region_size = 256ull << 20;
+    c.local_budget = 128ull << 20;  // room for every page: nothing evicted while timed
+    c.handler_threads = 1;          // the bare round trip has one handler too
+    c.prefetch = false;
+    PagerRig<Env> rig;
+    if (!rig.start(state, c)) return;
+    std::string err;
+    BareUffdRig bare;
+    if (!bare.start(kRound * kRounds, &err)) {
+      state.SkipWithError(err.c_str());
+      return;
+    }
+    const size_t kernel_len = kRound * kRounds * kPage;
+    void* kmem = mmap(nullptr, kernel_len, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    madvise(kmem, kernel_len, MADV_NOHUGEPAGE);
+    char* mem = rig.mem();
+    for (size_t i = 0; i < kWritten; ++i) mem[i * kPage] = static_cast<char>(i | 1);
+    if (!rig.p->evict(mem, kWritten * kPage).ok()) {
+      state.SkipWithError("evict failed");
+      return;
+    }
+    std::vector<uint32_t> order(kWritten);
+    for (size_t i = 0; i < kWritten; ++i) order[i] = static_cast<uint32_t>(i);
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(1));
+    // The kernel and bare faults take their pages in random order too, so
+    // that all three pay the same page-table-walk and TLB misses.
+    std::vector<uint32_t> lorder(kRound * kRounds);
+    for (size_t i = 0; i < lorder.size(); ++i) lorder[i] = static_cast<uint32_t>(i);
+    std::shuffle(lorder.begin(), lorder.end(), std::mt19937_64(2));
+    std::vector<double> k_us, b_us, p_us;
+    const PagerStats s0 = rig.p->stats();
+    auto* kv = static_cast<volatile char*>(kmem);
+    auto* bv = static_cast<volatile char*>(bare.mem);
+    auto* pv = reinterpret_cast<volatile char*>(mem);
+    for (auto _ : state) {
+      size_t next = 0;
+      for (size_t r = 0; r < kRounds; ++r) {
+        const size_t base = r * kRound;
+        for (size_t i = 0; i < kRound; ++i)
+          k_us.push_back(time_us([&] { kv[size_t{lorder[base + i]} * kPage] = 1; }));
+        for (size_t i = 0; i < kRound; ++i)
+          b_us.push_back(time_us([&] { bv[size_t{lorder[base + i]} * kPage] = 1; }));
+        // Writes, as above: installed writable and dirty in one fault.
+        for (size_t i = 0; i < kRound; ++i, ++next) {
+          const size_t pg = order[next % kWritten];
+          p_us.push_back(time_us([&] { pv[pg * kPage] = 2; }));
+        }
+        // Back to remote (untimed) so that a later round faults them again.
+        for (size_t i = next - kRound; i < next; ++i) {
+          (void)rig.p->evict(mem + size_t{order[i % kWritten]} * kPage, kPage);
+        }
+      }
+    }
+    munmap(kmem, kernel_len);
+    const PagerStats s = rig.p->stats();
+    const double kp50 = pct(k_us, 0.5), bp50 = pct(b_us, 0.5), pp50 = pct(p_us, 0.5);
+    state.counters["kernel_p50_us"] = kp50;
+    state.counters["kernel_p99_us"] = pct(k_us, 0.99);
+    state.counters["bare_p50_us"] = bp50;
+    state.counters["bare_p99_us"] = pct(b_us, 0.99);
+    state.counters["pager_p50_us"] = pp50;
+    state.counters["pager_p99_us"] = pct(p_us, 0.99);
+    state.counters["ratio_bare"] = bp50 > 0 ? pp50 / bp50 : 0;
+    state.counters["ratio_kernel"] = kp50 > 0 ? pp50 / kp50 : 0;
+    state.counters["added_us"] = pp50 - bp50;
+    state.counters["remote_faults"] = static_cast<double>(s.faults_remote - s0.faults_remote);
+    state.counters["faults"] = static_cast<double>(p_us.size());
+    state.SetLabel(Env::kName);
+  }
+};
+
+void BM_ColdFault(benchmark::State& state) {
+  by_backend<ColdFault>(state);
+}
+
+// Written pages of a region, then all of them evicted (remote).
+template <class Env>
+bool write_and_evict(benchmark::State& state, PagerRig<Env>& rig, size_t pages) {
+  char* mem = rig.mem();
+  for (size_t i = 0; i < pages; ++i) {
+    uint64_t v = i * 0x9E3779B97F4A7C15ull;
+    for (size_t w = 0; w < kPage; w += 512) memcpy(mem + i * kPage + w, &v, 8);
+  }
+  Status st = rig.p->evict(mem, pages * kPage);
+  if (!st.ok()) {
+    state.SkipWithError(st.to_string().c_str());
+    return false;
+  }
+  return true;
+}
+
+template <class Env>
+struct FaultThroughput {
+  static void run(benchmark::State& state) {
+    const int threads = static_cast<int>(state.range(1));
+    constexpr size_t kPages = 16384, kFaults = 16384;  // 4x the budget
+    PagerConfig c;
+    c.region_size = 256ull << 20;
+    c.local_budget = 16ull << 20;
+    c.handler_threads = 0;  // default_handler_threads(): nproc-aware
+    c.prefetch = false;
+    PagerRig<Env> rig;
+    if (!rig.start(state, c)) return;
+    if (!write_and_evict(state, rig, kPages)) return;
+    auto* v = reinterpret_cast<volatile char*>(rig.mem());
+    const PagerStats s0 = rig.p->stats();
+    double secs = 0;
+    for (auto _ : state) {
+      auto t0 = Clock::now();
+      std::vector<std::thread> ts;
+      for (int t = 0; t < threads; ++t) {
+        ts.emplace_back([&, t] {
+          std::mt19937_64 rng(11 + t);
+          for (size_t i = 0; i < kFaults / threads; ++i) (void)v[(rng() % kPages) * kPage];
+        });
+      }
+      for (auto& th : ts) th.join();
+      secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    const PagerStats s = rig.p->stats();
+    const double faults = static_cast<double>(s.faults_remote - s0.faults_remote + s.faults_victim -
+                                              s0.faults_victim);
+    state.counters["faults_per_s"] = faults / secs;
+    state.counters["remote_per_s"] = static_cast<double>(s.faults_remote - s0.faults_remote) / secs;
+    state.counters["accesses_per_s"] = static_cast<double>(kFaults) / secs;
+    state.counters["handlers"] = static_cast<double>(rig.p->config().handler_threads);
+    state.SetLabel(Env::kName);
+  }
+};
+
+void BM_FaultThroughput(benchmark::State& state) {
+  by_backend<FaultThroughput>(state);
+}
+
+// Reads every 8-byte word of [mem, mem+len); returns their sum.
+uint64_t scan_sum(const char* mem, size_t len) {
+  uint64_t sum = 0;
+  for (size_t off = 0; off < len; off += kPage) {
+    const auto* w = reinterpret_cast<const volatile uint64_t*>(mem + off);
+    for (size_t i = 0; i < kPage / 8; ++i) sum += w[i];
+  }
+  return sum;
+}
+
+template <class Env>
+struct SeqScan {
+  static void run(benchmark::State& state) {
+    const bool prefetch = state.range(1) != 0;
+    constexpr size_t kPages = 16384;  // 64 MiB, 4x the budget
+    PagerConfig c;
+    c.region_size = 256ull << 20;
+    c.local_budget = 16ull << 20;
+    c.handler_threads = 0;
+    c.prefetch = prefetch;
+    PagerRig<Env> rig;
+    if (!rig.start(state, c)) return;
+    if (!write_and_evict(state, rig, kPages)) return;
+    const size_t len = kPages * kPage;
+    // The same scan over all-local memory, same contents.
+    char* local = static_cast<char*>(
+        mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    for (size_t i = 0; i < kPages; ++i) {
+      uint64_t v = i * 0x9E3779B97F4A7C15ull;
+      for (size_t w = 0; w < kPage; w += 512) memcpy(local + i * kPage + w, &v, 8);
+    }
+    const PagerStats s0 = rig.p->stats();
+    double pager_s = 1e9, local_s = 1e9;
+    uint64_t sum_p = 0, sum_l = 0;
+    for (auto _ : state) {
+      // Two passes each, interleaved; the best of each counts.
+      for (int pass = 0; pass < 2; ++pass) {
+        auto t0 = Clock::now();
+        sum_l = scan_sum(local, len);
+        local_s = std::min(local_s, std::chrono::duration<double>(Clock::now() - t0).count());
+        t0 = Clock::now();
+        sum_p = scan_sum(rig.mem(), len);
+        pager_s = std::min(pager_s, std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+    }
+    munmap(local, len);
+    if (sum_p != sum_l) {
+      state.SkipWithError("the pager's scan read different bytes than the local one");
+      return;
+    }
+    const PagerStats s = rig.p->stats();
+    const double gb = static_cast<double>(len) / 1e9;
+    state.counters["pager_GBps"] = gb / pager_s;
+    state.counters["local_GBps"] = gb / local_s;
+    state.counters["ratio"] = local_s / pager_s;
+    state.counters["remote_faults"] = static_cast<double>(s.faults_remote - s0.faults_remote);
+    state.counters["prefetch_issued"] = static_cast<double>(s.prefetch_issued - s0.prefetch_issued);
+    state.counters["prefetch_hits"] = static_cast<double>(s.prefetch_used - s0.prefetch_used +
+                                                          s.prefetch_mapped - s0.prefetch_mapped);
+    state.SetLabel(Env::kName);
+  }
+};
+
+void BM_SeqScan(benchmark::State& state) {
+  by_backend<SeqScan>(state);
+}
+
+template <class Env>
+struct RandomRMW {
+  static void run(benchmark::State& state) {
+    const int budget_pct = static_cast<int>(state.range(1));
+    constexpr size_t kPages = 16384;  // 64 MiB working set
+    const size_t ops = Env::kName[0] == 't' ? 12000 : 30000;
+    PagerConfig c;
+    c.region_size = 256ull << 20;
+    c.local_budget = kPages * kPage * static_cast<uint64_t>(budget_pct) / 100;
+    c.handler_threads = 0;
+    PagerRig<Env> rig;
+    if (!rig.start(state, c)) return;
+    if (!write_and_evict(state, rig, kPages)) return;
+    char* mem = rig.mem();
+    std::mt19937_64 rng(3);
+    // Warm-up: fill the budget, so that the timed part is steady state.
+    for (size_t i = 0; i < kPages * static_cast<size_t>(budget_pct) / 100; ++i) {
+      (void)*reinterpret_cast<volatile char*>(mem + (rng() % kPages) * kPage);
+    }
+    const PagerStats s0 = rig.p->stats();
+    double secs = 0;
+    for (auto _ : state) {
+      auto t0 = Clock::now();
+      for (size_t i = 0; i < ops; ++i) {
+        auto* w = reinterpret_cast<uint64_t*>(mem + (rng() % kPages) * kPage);
+        for (size_t k = 0; k < kPage / 8; ++k) w[k] += 1;  // read-modify-write, whole page
+      }
+      secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    const PagerStats s = rig.p->stats();
+    state.counters["ops_per_s"] = static_cast<double>(ops) / secs;
+    state.counters["remote_fault_ratio"] =
+        static_cast<double>(s.faults_remote - s0.faults_remote) / static_cast<double>(ops);
+    state.counters["victim_hit_ratio"] =
+        static_cast<double>(s.faults_victim - s0.faults_victim) / static_cast<double>(ops);
+    state.counters["dirty_evictions"] = static_cast<double>(s.evictions_dirty - s0.evictions_dirty);
+    state.SetLabel(Env::kName);
+  }
+};
+
+void BM_RandomRMW(benchmark::State& state) {
+  by_backend<RandomRMW>(state);
+}
+
+BENCHMARK(BM_ColdFault)
+    ->ArgName("backend")
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FaultThroughput)
+    ->ArgNames({"backend", "threads"})
+    ->ArgsProduct({{0, 1}, {1, 2}})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SeqScan)
+    ->ArgNames({"backend", "prefetch"})
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_RandomRMW)
+    ->ArgNames({"backend", "budget_pct"})
+    ->ArgsProduct({{0, 1}, {25, 50, 75}})
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 

@@ -1,15 +1,27 @@
-// verbs_bench: our verbs transport's 4 KiB READ/WRITE latency (queue depth
-// 1, p50/p99) and bandwidth at queue depths 1, 8 and 32, against an
+// verbs_bench: our verbs transport's READ/WRITE latency (queue depth 1,
+// p50/p99) and bandwidth at queue depths 1, 8 and 32, against an
 // in-process farmemd serving verbs. Runs in the Soft-RoCE guest next to
 // perftest (tools/softroce/verbs_tests.sh compares them); emulated figures
 // mean something only as a ratio to perftest's in the same run.
 //
-//   verbs_bench [--addr 10.0.0.1] [--lat-iters 1000] [--bw-ops 4000]
+//   verbs_bench [--addr 10.0.0.1] [--size 4096] [--footprint 16777216]
+//               [--lat-iters 1000] [--bw-ops 4000] [--qd 1,8,32]
+//               [--only read_lat,write_lat,read_bw,write_bw,wait_lat]
+//
+// Like perftest: one QP, ops of --size bytes, the latency loop busy-polls
+// (poll(), never sleeps), a bandwidth run keeps --qd ops in flight and
+// times first post to last completion. --footprint is how many bytes the
+// ops walk through on both sides (local buffer and remote slab): perftest's
+// ib_*_bw and ib_read_lat reuse ONE buffer of --size bytes (its cycle
+// buffer is a page), so pass --footprint SIZE to compare like with like;
+// the 16 MiB default touches fresh pages the way the pager does.
+// wait_lat (not in the default set) is the READ latency through wait(),
+// the path the pager takes: it spins, then sleeps on the CQ channel.
 //
 // Output: one "RESULT <name> <value>" line per figure, e.g.
 //   RESULT read_lat_p50_us 61.2
 //   RESULT read_bw_qd8_MBps 180.4        (MB = 2^20 bytes, as perftest)
-// Exit: 0 done; 1 an op failed; 77 no RDMA device reaches --addr.
+// Exit: 0 done; 1 an op failed; 2 bad usage; 77 no RDMA device reaches --addr.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -27,7 +39,6 @@ namespace farmem {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr uint32_t kLen = 4096;
 constexpr uint64_t kSlab = 16u << 20;
 constexpr ServerId kServer = 1;
 
@@ -38,24 +49,30 @@ struct Bench {
   std::unique_ptr<VerbsTransport::Queue> q;
   std::vector<uint8_t> buf = std::vector<uint8_t>(kSlab);
   SlabDesc slab;
+  uint32_t len = 4096;
+  uint64_t footprint = kSlab;  // a multiple of len, <= kSlab
+
+  // The i-th op's offset, on both sides.
+  uint64_t offset(uint64_t i) const { return (i * len) % footprint; }
 };
 
 double us_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
 }
 
-// One op at a time: per-op latency in microseconds.
-bool latency(Bench& b, IoKind kind, int iters, const char* name) {
+// One op at a time: per-op latency in microseconds, completions reaped
+// with busy poll() (as perftest) or with wait() (as the pager).
+bool latency(Bench& b, IoKind kind, int iters, const char* name, bool use_wait = false) {
   std::vector<double> us;
   us.reserve(iters);
   IoCompletion c[1];
   for (int i = 0; i < iters; ++i) {
-    const uint64_t off = (uint64_t(i) * kLen) % kSlab;
-    IoOp op{kind, kLen, {kServer, b.slab.slab, off}, b.buf.data() + off, uint64_t(i)};
+    const uint64_t off = b.offset(uint64_t(i));
+    IoOp op{kind, b.len, {kServer, b.slab.slab, off}, b.buf.data() + off, uint64_t(i)};
     const auto t0 = Clock::now();
     if (b.q->post({&op, 1}) != Errc::kOk) return false;
     size_t n = 0;
-    while (n == 0) n = b.q->poll(c);  // busy: what a latency benchmark measures
+    while (n == 0) n = use_wait ? b.q->wait(c, 1000) : b.q->poll(c);
     us.push_back(us_since(t0));
     if (c[0].status != Errc::kOk) {
       std::fprintf(stderr, "verbs_bench: %s op failed: %s\n", name, errc_name(c[0].status));
@@ -76,8 +93,8 @@ bool bandwidth(Bench& b, IoKind kind, size_t qd, int total, const char* name) {
   const auto t0 = Clock::now();
   auto refill = [&](size_t n) {
     for (size_t k = 0; k < n; ++k) {
-      const uint64_t off = (uint64_t(posted) * kLen) % kSlab;
-      ops[k] = IoOp{kind, kLen, {kServer, b.slab.slab, off}, b.buf.data() + off, uint64_t(posted)};
+      const uint64_t off = b.offset(uint64_t(posted));
+      ops[k] = IoOp{kind, b.len, {kServer, b.slab.slab, off}, b.buf.data() + off, uint64_t(posted)};
       ++posted;
     }
     return b.q->post(std::span(ops.data(), n)) == Errc::kOk;
@@ -96,36 +113,94 @@ bool bandwidth(Bench& b, IoKind kind, size_t qd, int total, const char* name) {
   }
   const double s = us_since(t0) / 1e6;
   std::printf("RESULT %s_bw_qd%zu_MBps %.2f\n", name, qd,
-              double(total) * kLen / double(1 << 20) / s);
+              double(total) * b.len / double(1 << 20) / s);
   return true;
+}
+
+// "1,8,32" -> {1, 8, 32}; false on anything but positive integers.
+bool parse_list(const std::string& s, std::vector<size_t>* out) {
+  out->clear();
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t comma = std::min(s.find(',', pos), s.size());
+    const std::string item = s.substr(pos, comma - pos);
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v == 0) return false;
+    out->push_back(v);
+    pos = comma + 1;
+  }
+  return !out->empty();
+}
+
+int usage(const char* why) {
+  std::fprintf(stderr,
+               "verbs_bench: %s\nusage: verbs_bench [--addr IP] [--size BYTES] [--footprint BYTES] "
+               "[--lat-iters N] [--bw-ops N] [--qd 1,8,32] "
+               "[--only read_lat,write_lat,read_bw,write_bw,wait_lat]\n",
+               why);
+  return 2;
 }
 
 int bench_main(int argc, char** argv) {
   std::string addr = "10.0.0.1";
+  std::string only = "read_lat,write_lat,read_bw,write_bw";
   int lat_iters = 1000, bw_ops = 4000;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i];
-    if (a == "--addr")
-      addr = argv[i + 1];
-    else if (a == "--lat-iters")
-      lat_iters = std::atoi(argv[i + 1]);
-    else if (a == "--bw-ops")
-      bw_ops = std::atoi(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "usage: verbs_bench [--addr IP] [--lat-iters N] [--bw-ops N]\n");
-      return 2;
+  uint64_t size = 4096, footprint = kSlab;
+  std::vector<size_t> qds = {1, 8, 32};
+  for (int i = 1; i < argc; i += 2) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) return usage(("option " + a + " needs a value").c_str());
+    const char* v = argv[i + 1];
+    if (a == "--addr") {
+      addr = v;
+    } else if (a == "--lat-iters") {
+      lat_iters = std::atoi(v);
+    } else if (a == "--bw-ops") {
+      bw_ops = std::atoi(v);
+    } else if (a == "--size") {
+      size = std::strtoull(v, nullptr, 10);
+    } else if (a == "--footprint") {
+      footprint = std::strtoull(v, nullptr, 10);
+    } else if (a == "--qd") {
+      if (!parse_list(v, &qds)) return usage("--qd needs positive depths such as 1,8,32");
+    } else if (a == "--only") {
+      only = v;
+    } else {
+      return usage(("unknown option " + a).c_str());
     }
   }
-  if (lat_iters < 100 || bw_ops < 100) {
-    std::fprintf(stderr, "verbs_bench: --lat-iters and --bw-ops must be at least 100\n");
-    return 2;
+  if (lat_iters < 100 || bw_ops < 100) return usage("--lat-iters and --bw-ops must be >= 100");
+  if (size == 0 || size > wire::kMaxIoLength || size > kSlab)
+    return usage("--size must be between 1 and the transport's largest op (wire::kMaxIoLength)");
+  if (footprint < size || footprint > kSlab)
+    return usage("--footprint must be at least --size and at most 16 MiB (the slab)");
+  footprint -= footprint % size;
+  // --only: a comma-separated subset of these names.
+  static constexpr const char* kFigures[] = {"read_lat", "write_lat", "read_bw", "write_bw",
+                                             "wait_lat"};
+  std::vector<std::string> figures;
+  for (size_t pos = 0; pos <= only.size();) {
+    const size_t comma = std::min(only.find(',', pos), only.size());
+    figures.push_back(only.substr(pos, comma - pos));
+    pos = comma + 1;
   }
+  for (const std::string& f : figures)
+    if (std::find(std::begin(kFigures), std::end(kFigures), f) == std::end(kFigures))
+      return usage(
+          ("--only: unknown figure '" + f + "' (read_lat, write_lat, read_bw, write_bw, wait_lat)")
+              .c_str());
+  auto want = [&](const char* name) {
+    return std::find(figures.begin(), figures.end(), name) != figures.end();
+  };
   std::string why;
   if (!verbs::reachable(addr, &why)) {
     std::printf("SKIP: no RDMA device reaches %s: %s\n", addr.c_str(), why.c_str());
     return 77;
   }
   Bench b;
+  b.len = static_cast<uint32_t>(size);
+  b.footprint = footprint;
   DonorOptions o;
   o.listen = {addr, 0};
   o.capacity = kSlab;
@@ -157,13 +232,30 @@ int bench_main(int argc, char** argv) {
   auto q = b.transport->open_queue();
   if (!q.ok()) return std::fprintf(stderr, "%s\n", q.status().to_string().c_str()), 1;
   b.q = std::move(*q);
-  // Warm-up: connect the QP, touch the pages.
-  if (!latency(b, IoKind::kWrite, 100, "warmup")) return 1;
-  bool ok = latency(b, IoKind::kRead, lat_iters, "read") &&
-            latency(b, IoKind::kWrite, lat_iters, "write");
-  for (size_t qd : {size_t{1}, size_t{8}, size_t{32}}) {
-    ok = ok && bandwidth(b, IoKind::kRead, qd, bw_ops, "read") &&
-         bandwidth(b, IoKind::kWrite, qd, bw_ops, "write");
+  // Warm-up, not reported: connects the QP (the first post blocks for the
+  // rdma_cm handshake). Both buffers are registered, hence already present.
+  {
+    for (uint64_t i = 0; i < 100; ++i) {
+      const uint64_t off = b.offset(i);
+      IoOp op{IoKind::kWrite, b.len, {kServer, b.slab.slab, off}, b.buf.data() + off, i};
+      IoCompletion done[1];
+      if (b.q->post({&op, 1}) != Errc::kOk) return 1;
+      while (b.q->wait(done, 1000) == 0) {
+      }
+      if (done[0].status != Errc::kOk)
+        return std::fprintf(stderr, "verbs_bench: warm-up write failed: %s\n",
+                            errc_name(done[0].status)),
+               1;
+    }
+  }
+  bool ok = true;
+  if (want("read_lat")) ok = ok && latency(b, IoKind::kRead, lat_iters, "read");
+  if (want("write_lat")) ok = ok && latency(b, IoKind::kWrite, lat_iters, "write");
+  if (want("wait_lat")) ok = ok && latency(b, IoKind::kRead, lat_iters, "wait_read", true);
+  for (size_t qd : qds) {
+    if (qd > b.q->depth()) return usage("a --qd is deeper than the transport's queue");
+    if (want("read_bw")) ok = ok && bandwidth(b, IoKind::kRead, qd, bw_ops, "read");
+    if (want("write_bw")) ok = ok && bandwidth(b, IoKind::kWrite, qd, bw_ops, "write");
   }
   std::fflush(stdout);
   return ok ? 0 : 1;

@@ -11,6 +11,8 @@ pkg_check_modules(FARMEM_RDMACM IMPORTED_TARGET librdmacm)
 pkg_check_modules(FARMEM_JEMALLOC IMPORTED_TARGET jemalloc)
 # RCU for read-mostly tables (liburcu-dev).
 pkg_check_modules(FARMEM_URCU IMPORTED_TARGET liburcu)
+# The pager's placement map uses the bulletproof flavour (pager/remote_map.cc says why).
+pkg_check_modules(FARMEM_URCU_BP REQUIRED IMPORTED_TARGET liburcu-bp)
 if(FARMEM_ENABLE_TESTS)
   find_package(GTest REQUIRED)
 endif()

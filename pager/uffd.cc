@@ -79,6 +79,7 @@ UffdFeatures decode(uint64_t raw) {
   f.move = (raw & kFeatureMove) != 0;
   f.minor_shmem = (raw & UFFD_FEATURE_MINOR_SHMEM) != 0;
   f.exact_address = (raw & UFFD_FEATURE_EXACT_ADDRESS) != 0;
+  f.event_fork = (raw & UFFD_FEATURE_EVENT_FORK) != 0;
   return f;
 }
 
@@ -91,6 +92,7 @@ std::string UffdFeatures::to_string() const {
   if (move) s += " move";
   if (minor_shmem) s += " minor_shmem";
   if (exact_address) s += " exact_address";
+  if (event_fork) s += " event_fork";
   return s;
 }
 
@@ -120,6 +122,26 @@ Result<Uffd> Uffd::open() {
   want.api = UFFD_API;
   want.features = UFFD_FEATURE_PAGEFAULT_FLAG_WP |
                   (f.exact_address ? UFFD_FEATURE_EXACT_ADDRESS : 0) | (f.move ? kFeatureMove : 0);
+  if (f.event_fork) {
+    // Fork snapshots (invariant 8). The kernel refuses the bit with EPERM
+    // without CAP_SYS_PTRACE; a refused UFFDIO_API leaves the descriptor
+    // unusable, so the probe descriptor tries it first.
+    uffdio_api fork_api{};
+    fork_api.api = UFFD_API;
+    fork_api.features = UFFD_FEATURE_EVENT_FORK;
+    UffdSource s2 = UffdSource::kSyscall;
+    Fd probe2(open_raw(&s2, &se, &de));
+    if (probe2.valid() && ioctl(probe2.get(), UFFDIO_API, &fork_api) == 0) {
+      want.features |= UFFD_FEATURE_EVENT_FORK;
+      u.fork_events_ = true;
+      u.fork_why_ = "";
+    } else {
+      u.fork_why_ = errno == EPERM ? "UFFD_FEATURE_EVENT_FORK needs CAP_SYS_PTRACE"
+                                   : "UFFD_FEATURE_EVENT_FORK was refused by the kernel";
+    }
+  } else {
+    u.fork_why_ = "this kernel has no UFFD_FEATURE_EVENT_FORK";
+  }
   if (ioctl(u.fd_.get(), UFFDIO_API, &want) != 0) {
     return make_error(Errc::kIo, "UFFDIO_API with features 0x%llx failed: %s",
                       static_cast<unsigned long long>(want.features), strerror(errno));
@@ -254,6 +276,59 @@ Errc Uffd::move(void* dst, void* src, size_t len, bool wake, int* err) noexcept 
     }
     return Errc::kIo;
   }
+}
+
+namespace {
+Errc child_errc(int e) {
+  if (e == EAGAIN) return Errc::kUnavailable;
+  if (e == ESRCH) return Errc::kNotFound;
+  if (e == EEXIST) return Errc::kInvalidArgument;
+  return Errc::kIo;
+}
+}  // namespace
+
+Errc Uffd::copy_on(int fd, void* dst, const void* src, size_t len, bool write_protect, size_t* done,
+                   int* err) noexcept {
+  *done = 0;
+  uffdio_copy c{};
+  c.dst = reinterpret_cast<uintptr_t>(dst);
+  c.src = reinterpret_cast<uintptr_t>(src);
+  c.len = len;
+  c.mode = write_protect ? UFFDIO_COPY_MODE_WP : 0;
+  if (ioctl(fd, UFFDIO_COPY, &c) == 0) {
+    *done = len;
+    return Errc::kOk;
+  }
+  int e = errno;
+  if (c.copy > 0) *done = static_cast<size_t>(c.copy);
+  if (err) *err = e;
+  return child_errc(e);
+}
+
+Errc Uffd::zeropage_on(int fd, void* dst, size_t len, size_t* done, int* err) noexcept {
+  *done = 0;
+  uffdio_zeropage z{};
+  z.range.start = reinterpret_cast<uintptr_t>(dst);
+  z.range.len = len;
+  if (ioctl(fd, UFFDIO_ZEROPAGE, &z) == 0) {
+    *done = len;
+    return Errc::kOk;
+  }
+  int e = errno;
+  if (z.zeropage > 0) *done = static_cast<size_t>(z.zeropage);
+  if (err) *err = e;
+  return child_errc(e);
+}
+
+Errc Uffd::unprotect_on(int fd, void* addr, size_t len, int* err) noexcept {
+  uffdio_writeprotect w{};
+  w.range.start = reinterpret_cast<uintptr_t>(addr);
+  w.range.len = len;
+  w.mode = 0;
+  if (ioctl(fd, UFFDIO_WRITEPROTECT, &w) == 0) return Errc::kOk;
+  int e = errno;
+  if (err) *err = e;
+  return child_errc(e);
 }
 
 Errc Uffd::wake(void* addr, size_t len) noexcept {

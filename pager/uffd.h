@@ -10,6 +10,17 @@
 // The base path needs MISSING + WP on anonymous memory (Linux >= 5.7). The
 // newer features are detected and reported (UffdFeatures) so that callers
 // can pick a faster path where one exists; nothing here requires them.
+//
+// fork(): UFFD_FEATURE_EVENT_FORK is enabled when the kernel has it and the
+// process may use it (CAP_SYS_PTRACE; without it UFFDIO_API refuses the bit
+// with EPERM and the descriptor is opened without it: features().event_fork
+// is false and fork_unavailable_reason() says why). With it, a fork() keeps
+// the child's copy of the range registered with a NEW descriptor that
+// arrives as a UFFD_EVENT_FORK message on this one; the forking thread waits
+// in the kernel until that message is read, and meanwhile UFFDIO_COPY /
+// WRITEPROTECT on this descriptor fail with EAGAIN (see pager/fork_snapshot.h
+// for how the pager keeps that from dead-locking). The *_on(fd, ...) forms
+// act on such a child descriptor.
 #pragma once
 
 #include <cstddef>
@@ -30,6 +41,7 @@ struct UffdFeatures {
   bool move = false;              // UFFDIO_MOVE
   bool minor_shmem = false;       // UFFDIO_CONTINUE on shmem
   bool exact_address = false;     // UFFD_FEATURE_EXACT_ADDRESS
+  bool event_fork = false;        // UFFD_FEATURE_EVENT_FORK offered by the kernel
   std::string to_string() const;  // "missing+wp move wp_async ..."
 };
 
@@ -55,6 +67,10 @@ class Uffd {
 
   int fd() const { return fd_.get(); }
   const UffdFeatures& features() const { return features_; }
+  // True when this descriptor reports forks (UFFD_EVENT_FORK), i.e. a child
+  // keeps its registration; else fork_unavailable_reason() says why not.
+  bool fork_events() const { return fork_events_; }
+  const char* fork_unavailable_reason() const { return fork_why_; }
   UffdSource source() const { return source_; }
 
   // Registers [addr, addr+len) in MISSING and WP modes.
@@ -87,8 +103,24 @@ class Uffd {
   // means nothing moved. kInternal: that undo failed (the caller must stop).
   Errc move(void* dst, void* src, size_t len, bool wake, int* err = nullptr) noexcept;
 
+  // The same ioctls on any userfaultfd descriptor, e.g. a fork child's
+  // (UFFD_EVENT_FORK). Unlike the members they do not retry EAGAIN (the
+  // child's address space is changing: it is forking itself and waits for
+  // its own UFFD_EVENT_FORK to be read), they report it as kUnavailable
+  // with *done = bytes installed so far. ESRCH (the child's address space is
+  // gone: it exited or exec'd) is kNotFound. EEXIST is kInvalidArgument.
+  static Errc copy_on(int fd, void* dst, const void* src, size_t len, bool write_protect,
+                      size_t* done, int* err = nullptr) noexcept;
+  static Errc zeropage_on(int fd, void* dst, size_t len, size_t* done, int* err = nullptr) noexcept;
+  // Clears write protection of [addr, addr+len) in the descriptor's address
+  // space (waking waiters); a no-op on pages that are not protected, so it
+  // also serves as the probe "is that address space still alive".
+  static Errc unprotect_on(int fd, void* addr, size_t len, int* err = nullptr) noexcept;
+
  private:
   Fd fd_;
+  bool fork_events_ = false;
+  const char* fork_why_ = "not opened";
   UffdFeatures features_;
   UffdSource source_ = UffdSource::kSyscall;
 };

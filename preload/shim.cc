@@ -36,9 +36,24 @@
 // control connection closes. FARMEM_STATS=1 prints a summary from the
 // library's destructor (it runs after the program's own).
 //
-// fork(): the child stops making far allocations (kOff). Far memory that
-// is not resident at the fork is NOT yet correct in the child (invariant 8,
-// a later session: it will hook in at on_fork_child()).
+// fork() (invariant 8; pager/fork_snapshot.h): pthread_atfork handlers,
+// registered in our constructor, so that our prepare runs LAST of all
+// prepare handlers (after jemalloc's, whose arena locks are then held) and
+// our parent/child handlers FIRST. prepare: the pager quiesces and records
+// a snapshot of the far region (Pager::prepare_fork). parent: fork_parent,
+// which learns from the kernel whether a child exists (a fork that copied
+// the address space returns only after the pager read its UFFD_EVENT_FORK;
+// errno is not a reliable signal, other handlers may change it); no
+// handler of ours changes errno. child: the state goes kOff
+// (new large allocations are local: the child has no pager thread and no
+// transport), the backing turns inert (jemalloc's purges fail there and it
+// keeps the pages) and far memory reads as it was at the fork, served by
+// the parent. Exit: the library's destructor lets live children have every
+// snapshot block first (finish_fork_children); a parent killed or leaving
+// with _exit() cannot, and its children then read zeros where far memory
+// was not resident. A prepare that fails (a WRITE to a donor failed) prints
+// why; that child reads zeros there too. A child never prints statistics
+// or touches the stats socket (its thread is the parent's).
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -213,11 +228,50 @@ void* local_thread_main(void* raw) {
   return t.fn(t.arg);
 }
 
+// Set in a fork()ed child (see fork() in the header).
+bool g_fork_child = false;
+thread_local bool t_fork_prepared = false;
+
+farmem::FarBacking* fork_backing() {
+  if (g_state.load(std::memory_order_acquire) != kReady) return nullptr;
+  farmem::FarRuntime* rt = farmem::api_runtime();
+  return rt ? &rt->backing() : nullptr;
+}
+
+void on_fork_prepare() {
+  farmem::FarBacking* b = fork_backing();
+  if (b == nullptr || g_fork_child) return;
+  farmem::LocalScope local;
+  const int saved = errno;  // fork()'s caller sees its own errno
+  farmem::Status st = b->prepare_fork();
+  if (!st.ok()) {
+    char msg[768];
+    snprintf(msg, sizeof msg,
+             "farmem: warning: fork() without a far-memory snapshot: %s; the child reads zeros "
+             "where far memory was not resident\n",
+             st.to_string().c_str());
+    write_stderr(msg);
+  }
+  t_fork_prepared = true;
+  errno = saved;
+}
+
+void on_fork_parent() {
+  if (!t_fork_prepared) return;
+  t_fork_prepared = false;
+  const int saved = errno;  // a failed fork's EAGAIN/ENOMEM, for its caller
+  farmem::LocalScope local;
+  if (farmem::FarBacking* b = fork_backing()) b->fork_parent();
+  errno = saved;
+}
+
 void on_fork_child() {
-  // Invariant 8 (snapshot semantics for the child) comes in a later
-  // session; until then the child at least makes no new far allocations.
+  t_fork_prepared = false;
+  farmem::FarBacking* b = fork_backing();
+  g_fork_child = true;
   int s = g_state.load(std::memory_order_relaxed);
   if (s != kBoot) g_state.store(kOff, std::memory_order_relaxed);
+  if (b != nullptr) b->fork_child();
 }
 
 void print_stats() {
@@ -264,12 +318,17 @@ __attribute__((constructor)) void preload_init() {
     int fd = fcntl(2, F_DUPFD_CLOEXEC, 200);
     if (fd >= 0) g_err_fd = fd;
   }
-  pthread_atfork(nullptr, nullptr, &on_fork_child);
+  pthread_atfork(&on_fork_prepare, &on_fork_parent, &on_fork_child);
   g_min_far.store(g_opts->min_far, std::memory_order_relaxed);
   g_state.store(kArmed, std::memory_order_release);
 }
 
 __attribute__((destructor)) void preload_fini() {
+  if (g_fork_child) return;  // the runtime, its threads and its socket are the parent's
+  if (farmem::FarBacking* b = fork_backing()) {
+    farmem::LocalScope local;
+    b->finish_fork_children();
+  }
   if (g_opts != nullptr && g_opts->stats) print_stats();
   // The runtime stays up (see Exit above), but the stats socket goes now, so
   // that its file does not outlive the process.

@@ -295,12 +295,14 @@ LoopbackTransport::Queue::~Queue() = default;
 Errc LoopbackTransport::Queue::post(std::span<const IoOp> ops) {
   if (ops.size() > depth_ - pending_.size()) return Errc::kResourceExhausted;
   if (ops.empty()) return Errc::kOk;
-  const Clock::time_point now = Clock::now();
+  // Clock::time_point::min() = ready at once; the clock is read only for an
+  // op with an injected delay (see the header: no clock on the fast path).
+  Clock::time_point now = Clock::time_point::min();
   std::shared_lock<std::shared_mutex> lk(t_->mu_);
   for (const IoOp& op : ops) {
     Pending& p = pending_.emplace_back();
     p.op = op;
-    p.ready = now;
+    p.ready = Clock::time_point::min();
     p.status = Errc::kOk;
     // Validation, in the order of runtime/transport.h.
     const auto local = reinterpret_cast<uintptr_t>(op.local);
@@ -332,7 +334,11 @@ Errc LoopbackTransport::Queue::post(std::span<const IoOp> ops) {
     const uint32_t jitter = d->jitter_us_.load(std::memory_order_relaxed);
     uint64_t delay_us = latency;
     if (jitter != 0) delay_us += rng_() % jitter;
-    p.ready = now + std::chrono::microseconds(delay_us);
+    if (delay_us != 0) {
+      if (now == Clock::time_point::min()) now = Clock::now();
+      p.ready = now + std::chrono::microseconds(delay_us);
+      ++timed_;
+    }
     p.reorder = d->reorder_.load(std::memory_order_relaxed);
     p.deferred = false;
   }
@@ -388,7 +394,9 @@ bool LoopbackTransport::Queue::execute(Pending& p, IoCompletion* out) {
 
 size_t LoopbackTransport::Queue::poll(std::span<IoCompletion> out) {
   if (pending_.empty() || out.empty()) return 0;
-  const Clock::time_point now = Clock::now();
+  // Untimed ops (ready == min()) are ready whatever the time: no clock read
+  // unless some pending op carries an injected delay.
+  const Clock::time_point now = timed_ != 0 ? Clock::now() : Clock::time_point::min();
   ready_.clear();
   bool shuffle = false;
   for (uint32_t i = 0; i < pending_.size(); ++i) {
@@ -414,6 +422,7 @@ size_t LoopbackTransport::Queue::poll(std::span<IoCompletion> out) {
   for (size_t i = 0; i < pending_.size(); ++i) {
     if (done_[i] != 0) {
       done_[i] = 0;
+      if (pending_[i].ready != Clock::time_point::min()) --timed_;
       continue;
     }
     if (k != i) pending_[k] = pending_[i];
@@ -424,6 +433,10 @@ size_t LoopbackTransport::Queue::poll(std::span<IoCompletion> out) {
 }
 
 size_t LoopbackTransport::Queue::wait(std::span<IoCompletion> out, int timeout_ms) {
+  // The common case (an untimed op just posted) completes in the first
+  // poll(), before any clock read.
+  size_t first = poll(out);
+  if (first != 0 || pending_.empty() || out.empty()) return first;
   const Clock::time_point deadline = timeout_ms < 0
                                          ? Clock::time_point::max()
                                          : Clock::now() + std::chrono::milliseconds(timeout_ms);

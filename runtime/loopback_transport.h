@@ -33,12 +33,15 @@
 // appends it to the queue's own pending list; a refused op gets its error
 // status there and becomes ready at once. The memcpy happens inside the
 // owning thread's poll()/wait(), once the op is ready (post time + latency +
-// jitter). Just before executing, the donor is asked: dead => kUnavailable
-// (immediately, latency or not); slab not leased => kNotFound; then the
-// hook decides kExecute / kFail(error) / kDefer (stay pending, ask again on
-// the next poll). Per op there is no heap allocation and no lock held
-// during the memcpy; post() takes the transport's tables in shared mode
-// once per call.
+// jitter). There is no transport thread and no wake-up: completion is
+// inline in the owner's next poll(), so a pager benchmark on loopback
+// measures the pager (and one memcpy). An op posted with no latency or
+// jitter is ready at once and never reads the clock (post, poll and wait
+// skip clock_gettime while no pending op is timed). Just before executing, the donor is asked: dead
+// => kUnavailable (immediately, latency or not); slab not leased => kNotFound; then the hook
+// decides kExecute / kFail(error) / kDefer (stay pending, ask again on the next poll). Per op there
+// is no heap allocation and no lock held during the memcpy; post() takes the transport's tables in
+// shared mode once per call.
 //
 // Lifetimes: a donor outlives every transport it was added to; a transport
 // outlives its queues.
@@ -159,9 +162,12 @@ class LoopbackDonor {
   mutable std::mutex faults_mu_;
   std::shared_ptr<const LoopbackFaults> faults_;  // guarded by faults_mu_; never null
 
-  std::atomic<uint64_t> reads_{0};
-  std::atomic<uint64_t> writes_{0};
+  // READ and WRITE counters on separate cache lines: the pager's fault
+  // handlers bump the first pair and its evictor the second, on other
+  // cores; sharing one line cost each demand READ a cache-line transfer.
+  alignas(64) std::atomic<uint64_t> reads_{0};
   std::atomic<uint64_t> bytes_read_{0};
+  alignas(64) std::atomic<uint64_t> writes_{0};
   std::atomic<uint64_t> bytes_written_{0};
 };
 
@@ -254,6 +260,7 @@ class LoopbackTransport::Queue {
   std::vector<Pending> pending_;  // post order; capacity depth_, never reallocates
   std::vector<uint32_t> ready_;   // scratch for poll(); capacity depth_
   std::vector<uint8_t> done_;     // scratch for poll(); size depth_
+  size_t timed_ = 0;              // pending ops with a ready time in the future
   std::mt19937_64 rng_;
 };
 

@@ -461,6 +461,7 @@ struct VerbsTransport::Queue::Conn {
   ibv_send_wr* chain_tail = nullptr;
   uint32_t chain_first = kNone;
   uint32_t chain_last = kNone;
+  uint32_t chain_len = 0;
   Conn* chain_next = nullptr;
 
   void destroy() {
@@ -748,6 +749,7 @@ Errc VerbsTransport::Queue::post(std::span<const IoOp> ops) {
     if (c->chain_head == nullptr) {
       c->chain_head = &s.wr;
       c->chain_first = i;
+      c->chain_len = 0;
       c->chain_next = touched;
       touched = c;
     } else {
@@ -756,8 +758,14 @@ Errc VerbsTransport::Queue::post(std::span<const IoOp> ops) {
     }
     c->chain_tail = &s.wr;
     c->chain_last = i;
+    // Every kSignalEvery-th WR of a long chain is signalled too: its CQE
+    // retires the ops before it while the rest of the chain is in flight,
+    // so the caller can refill the queue without waiting for the whole
+    // chain to drain (perftest's cq_mod does the same).
+    if (++c->chain_len % kSignalEvery == 0) s.wr.send_flags |= IBV_SEND_SIGNALED;
   }
-  // One ibv_post_send per connection; only the chain's last WR signalled.
+  // One ibv_post_send (one doorbell) per connection; the chain's last WR
+  // is always signalled.
   for (Conn* c = touched; c != nullptr;) {
     Conn* next = c->chain_next;
     c->chain_tail->send_flags |= IBV_SEND_SIGNALED;
@@ -860,7 +868,7 @@ size_t VerbsTransport::Queue::poll(std::span<IoCompletion> out) {
     // for one now and then while ops wait.
     if (done_count_ == 0 && in_flight_ > 0) {
       const uint64_t now = now_ns();
-      if (now - last_cm_check_ns_ > 1000000) {
+      if (now - last_cm_check_ns_ > kCmCheckNs) {
         last_cm_check_ns_ = now;
         check_cm_events();
       }

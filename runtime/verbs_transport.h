@@ -48,10 +48,12 @@
 //    range); a refused op completes with its error on the next poll() and
 //    touches no wire. Accepted ops become work requests built in
 //    preallocated per-slot storage, chained per server and posted with one
-//    ibv_post_send per server; only the last WR of each chain is signalled
-//    (RC completes a send queue in order, so its completion retires every
-//    WR before it). WRITEs up to the QP's inline limit go inline.
-//  * poll() reaps the CQ without blocking. wait() busy-polls for up to
+//    ibv_post_send per server; only every kSignalEvery-th WR and the last
+//    WR of each chain are signalled (RC completes a send queue in order, so
+//    a completion retires every WR before it). WRITEs up to the QP's
+//    inline limit go inline.
+//  * poll() reaps the CQ without blocking (and, while ops wait, looks at
+//    the rdma_cm channels every kCmCheckNs). wait() busy-polls for up to
 //    kSpinUs and then sleeps on the CQ's completion channel (and the
 //    connections' rdma_cm channels) until a completion or the deadline.
 //  * A failed completion is logged with its status, QP number and the
@@ -218,9 +220,17 @@ class VerbsTransport::Queue {
   static constexpr int kPollBatch = 32;      // CQEs per ibv_poll_cq
   static constexpr int kSpinUs = 50;         // busy-poll before sleeping
   static constexpr uint32_t kAckEvery = 64;  // CQ events acked in batches
-  // A send queue never holds more WRs than the queue has slots, and each
-  // chain ends signalled, so the CQ never overflows with this many entries.
-  static_assert(kPollBatch > 0 && kAckEvery > 0);
+  // WRs of one post chain per signalled WR (and the chain's last one).
+  static constexpr uint32_t kSignalEvery = 16;
+  // How often a poll() that finds nothing looks at the rdma_cm channels
+  // for a donor that went away. Each look is a system call: at 1 ms about
+  // one Soft-RoCE READ in twelve (80 us each) paid for one, enough to sit
+  // in a p99. A lost donor also surfaces as error CQEs (flush, retry
+  // exceeded), and wait() watches the channels whenever it sleeps.
+  static constexpr uint64_t kCmCheckNs = 20'000'000;
+  // A send queue never holds more WRs than the queue has slots, and at
+  // most every WR is signalled, so the CQ (cq_entries()) never overflows.
+  static_assert(kPollBatch > 0 && kAckEvery > 0 && kSignalEvery > 0);
 
   struct Conn;
   struct Slot {

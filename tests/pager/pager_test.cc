@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <random>
 #include <thread>
 #include <vector>
@@ -308,6 +309,58 @@ TEST(PagerTest, FailedWriteBacksKeepTheData) {
   PagerStats s = p.stats();
   EXPECT_EQ(s.writeback_errors, 8u);
   EXPECT_GE(s.evictions_dirty, n);
+  rig.donor.set_faults({});
+}
+
+// A donor that keeps failing WRITEs (kIo: retryable) is not hammered: the
+// evictor backs off exponentially (100 us doubling to 10 ms per round), so
+// over ~300 ms it tries a few rounds of writeback_batch WRITEs, not the
+// hundreds of thousands a tight retry loop on loopback would. Once the donor
+// recovers, every page reads back byte-exact.
+TEST(PagerTest, FailingWriteBacksBackOff) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  LoopbackRig rig;
+  PagerConfig c = small_config(128, 4096);
+  c.prefetch = false;
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  std::atomic<bool> failing{true};
+  std::atomic<uint64_t> attempts{0};
+  rig.donor.set_faults({.hook = [&](const IoOp& op) {
+    if (op.kind == IoKind::kWrite && failing.load()) {
+      ++attempts;
+      return LoopbackVerdict{LoopbackVerdict::kFail, Errc::kIo};
+    }
+    return LoopbackVerdict{};
+  }});
+  const size_t n = 256;  // twice the budget: the writer blocks until WRITEs succeed
+  std::thread writer([&] { write_pages(mem, 0, n); });
+  struct Recover {
+    std::atomic<bool>& failing;
+    std::thread& w;
+    ~Recover() {
+      failing = false;
+      if (w.joinable()) w.join();
+    }
+  } recover{failing, writer};
+  ASSERT_TRUE(wait_until([&] { return attempts.load() > 0; }));
+  const uint64_t a0 = attempts.load();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const uint64_t tried = attempts.load() - a0;
+  failing = false;
+  writer.join();
+  // ~35 rounds of at most writeback_batch (32) WRITEs fit in 300 ms with the
+  // back-off; allow 2x that for timer slack (without it: ~9k on a loaded
+  // 2-core machine, far more on an idle one).
+  EXPECT_LT(tried, 2u * 35 * c.writeback_batch) << p.stats().to_string();
+  std::printf("write-back attempts in 300 ms while failing: %llu\n",
+              static_cast<unsigned long long>(tried));
+  EXPECT_GT(p.stats().writeback_errors, 0u);
+  std::vector<uint8_t> expect(kPage);
+  for (size_t pg = 0; pg < n; ++pg) {
+    fill_page(expect.data(), pg, 0);
+    ASSERT_EQ(memcmp(mem + pg * kPage, expect.data(), kPage), 0) << "page " << pg;
+  }
   rig.donor.set_faults({});
 }
 
