@@ -21,6 +21,24 @@ constexpr EnvVar kEnv[] = {
      "file holding the donors' shared token; unset = no token (insecure donors only)"},
     {"FARMEM_LOCAL_MEM", "256M",
      "local budget for far pages resident in this process: bytes (2G) or % of RAM (25%)"},
+    // FARMEM_MIN_FAR = 16K, by measurement (bench/alloc_bench.cc, BM_*Touch:
+    // 64 x malloc + memset + free, loopback far heap, 2 loaded cores, median
+    // of 5; items/s glibc vs far heap): 1K 21.4M vs 5.6M (far 3.8x slower),
+    // 2K 17.8M vs 3.9M (4.6x), 4K 10.7M vs 4.5M (2.4x), 8K 7.2M vs 3.3M,
+    // 12K 5.3M vs 2.7M, 16K 4.2M vs 1.9M, 24K 3.0M vs 1.4M (2.1x to 2.2x):
+    // a far allocation has a fixed extra cost of about 130-370 ns (the far
+    // arena bypasses jemalloc's thread cache and takes its lock, see
+    // far_heap.h), which is most of the price of a small object and little
+    // next to filling 16K. Throughput alone does not separate 4K from 16K;
+    // fragmentation does: below 16K (jemalloc's largest small class is 14K
+    // with 4K pages) objects of different lifetimes share slabs, so a far
+    // 4K block with one live object among freed ones keeps its budget and
+    // remote space and is faulted back in for that one object; from 16K up
+    // every allocation is its own page-aligned extent, freed and purged as
+    // whole pages, that the pager evicts on its own. Above 16K nothing is
+    // gained (the ratio stays ~2x) while more of the heap could not be
+    // evicted. Sizes 32K+ also show jemalloc's decay purging a reused
+    // working set (then refaulted through the pager): FARMEM_DECAY_MS.
     {"FARMEM_MIN_FAR", "16K",
      "preload: allocations smaller than this stay in local memory (glibc); 0 = all far"},
     {"FARMEM_STATS", "0", "preload: 1 prints a summary of far-memory use on stderr at exit"},
@@ -37,6 +55,11 @@ constexpr EnvVar kEnv[] = {
     {"FARMEM_BLOCK_SIZE", "4K", "pager fetch granularity, a power of two from 4K to 2M"},
     {"FARMEM_PAGER_THREADS", "cores/2 (1..8)", "pager fault-handler threads"},
     {"FARMEM_PREFETCH", "1", "pager stream prefetch: 0 or 1"},
+    {"FARMEM_UFFD_MOVE", "off",
+     "pager: auto, on or off: UFFDIO_MOVE for victim-cache traffic (measured slower here)"},
+    {"FARMEM_WP_ASYNC", "off",
+     "pager: auto, on or off: the kernel resolves first writes itself (UFFD_FEATURE_WP_ASYNC) "
+     "and the evictor finds written blocks with PAGEMAP_SCAN (Linux >= 6.7, needs UFFDIO_MOVE)"},
     {"FARMEM_LOG_LEVEL", "info", "error, warn, info or debug"},
 };
 

@@ -60,6 +60,7 @@
 #include "runtime/donor_client.h"
 #include "runtime/donor_server.h"
 #include "runtime/tcp_transport.h"
+#include "tests/runtime/local_donor.h"
 #endif
 
 namespace farmem {
@@ -377,50 +378,34 @@ struct LoopbackEnv {
 struct TcpEnv {
   using B = TcpTransport;
   static constexpr const char* kName = "tcp";
-  std::unique_ptr<DonorServer> srv;
-  std::unique_ptr<DonorSession> session;
+  std::unique_ptr<testing::LocalDonor> donor;
   std::unique_ptr<TcpTransport> tp;
   std::unique_ptr<DonorSessionSlabSource> srcp;
   TcpTransport& t = *(tp = std::make_unique<TcpTransport>());
   std::string error;
   TcpEnv() {
-    DonorOptions o;
-    o.listen = {"127.0.0.1", 0};
-    o.capacity = 1ull << 30;
-    o.slab_size = 4ull << 20;
-    o.token = "pager-bench-token";
-    o.try_hugepages = false;
-    auto s = DonorServer::start(o);
-    if (!s.ok()) {
-      error = s.status().to_string();
+    auto d = testing::LocalDonor::start(
+        testing::local_donor_options("pager-bench-token", 1ull << 30, 4ull << 20));
+    if (!d.ok()) {
+      error = d.status().to_string();
       return;
     }
-    srv = std::move(*s);
-    DonorClientOptions co;
-    co.server = {"127.0.0.1", srv->port()};
-    co.token = o.token;
-    auto c = DonorSession::connect(co);
-    if (!c.ok()) {
-      error = c.status().to_string();
-      return;
-    }
-    session = std::move(*c);
-    Status st = t.add_server(0, session.get());
+    donor = std::move(*d);
+    Status st = t.add_server(0, donor->session());
     if (!st.ok()) {
       error = st.to_string();
       return;
     }
-    srcp = std::make_unique<DonorSessionSlabSource>(0, session.get());
+    srcp = std::make_unique<DonorSessionSlabSource>(0, donor->session());
   }
   ~TcpEnv() {
     srcp.reset();
     tp.reset();
-    session.reset();
-    if (srv) srv->stop();
+    donor.reset();
   }
   SlabSource* source() { return srcp.get(); }
   uint64_t donor_reads() const {
-    auto st = session->stats();
+    auto st = donor->session()->stats();
     return st.ok() ? st->reads : 0;
   }
 };

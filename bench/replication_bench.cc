@@ -29,6 +29,7 @@
 #include "runtime/donor_server.h"
 #include "runtime/loopback_transport.h"
 #include "runtime/tcp_transport.h"
+#include "tests/runtime/local_donor.h"
 
 namespace farmem {
 namespace {
@@ -67,56 +68,39 @@ struct LoopbackEnv {
 struct TcpEnv {
   using B = TcpTransport;
   static constexpr const char* kName = "tcp";
-  std::vector<std::unique_ptr<DonorServer>> srv;
-  std::vector<std::unique_ptr<DonorSession>> sessions;
+  std::vector<std::unique_ptr<testing::LocalDonor>> donors;
   std::unique_ptr<TcpTransport> tp = std::make_unique<TcpTransport>();
   TcpTransport& t = *tp;
   std::string error;
   explicit TcpEnv(int n) {
     for (int i = 0; i < n && error.empty(); ++i) {
-      DonorOptions o;
-      o.listen = {"127.0.0.1", 0};
-      o.capacity = 1ull << 30;
-      o.slab_size = 4ull << 20;
-      o.token = "replication-bench-token";
-      o.try_hugepages = false;
-      auto s = DonorServer::start(o);
-      if (!s.ok()) {
-        error = s.status().to_string();
+      auto d = testing::LocalDonor::start(
+          testing::local_donor_options("replication-bench-token", 1ull << 30, 4ull << 20));
+      if (!d.ok()) {
+        error = d.status().to_string();
         return;
       }
-      srv.push_back(std::move(*s));
-      DonorClientOptions co;
-      co.server = {"127.0.0.1", srv.back()->port()};
-      co.token = o.token;
-      auto c = DonorSession::connect(co);
-      if (!c.ok()) {
-        error = c.status().to_string();
-        return;
-      }
-      sessions.push_back(std::move(*c));
-      Status st = t.add_server(static_cast<ServerId>(i), sessions.back().get());
+      donors.push_back(std::move(*d));
+      Status st = t.add_server(static_cast<ServerId>(i), donors.back()->session());
       if (!st.ok()) error = st.to_string();
     }
   }
   ~TcpEnv() {
     tp.reset();
-    sessions.clear();
-    for (auto& s : srv)
-      if (s) s->stop();
+    donors.clear();
   }
   std::unique_ptr<SlabSource> single() {
-    return std::make_unique<DonorSessionSlabSource>(0, sessions[0].get());
+    return std::make_unique<DonorSessionSlabSource>(0, donors[0]->session());
   }
   PlacementSource::Donor donor(int i) {
     PlacementSource::Donor d;
-    DonorSession* s = sessions[static_cast<size_t>(i)].get();
+    DonorSession* s = donors[static_cast<size_t>(i)]->session();
     d.source = std::make_unique<DonorSessionSlabSource>(static_cast<ServerId>(i), s);
     d.capacity = s->welcome().capacity;
     d.probe = [s] { return s->heartbeat(); };
     return d;
   }
-  void kill(int i) { srv[static_cast<size_t>(i)]->stop(); }
+  void kill(int i) { donors[static_cast<size_t>(i)]->stop_server(); }
 };
 
 template <class Env>

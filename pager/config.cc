@@ -38,6 +38,26 @@ const char* uffd_move_name(UffdMoveMode m) {
   return "?";
 }
 
+Result<WpAsyncMode> parse_wp_async(std::string_view text) {
+  if (text == "auto") return WpAsyncMode::kAuto;
+  if (text == "on") return WpAsyncMode::kOn;
+  if (text == "off") return WpAsyncMode::kOff;
+  return make_error(Errc::kInvalidArgument, "FARMEM_WP_ASYNC=%.*s: expected auto, on or off",
+                    static_cast<int>(text.size()), text.data());
+}
+
+const char* wp_async_name(WpAsyncMode m) {
+  switch (m) {
+    case WpAsyncMode::kAuto:
+      return "auto";
+    case WpAsyncMode::kOn:
+      return "on";
+    case WpAsyncMode::kOff:
+      return "off";
+  }
+  return "?";
+}
+
 Status PagerConfig::validate() const {
   if (block_size < 4096 || block_size > (2u << 20) || (block_size & (block_size - 1)) != 0) {
     return make_error(Errc::kInvalidArgument,
@@ -111,6 +131,11 @@ Result<PagerConfig> PagerConfig::from_env(PagerConfig c) {
     auto r = parse_uffd_move(v);
     if (!r.ok()) return r.status();
     c.uffd_move = *r;
+  }
+  if (const char* v = getenv("FARMEM_WP_ASYNC")) {
+    auto r = parse_wp_async(v);
+    if (!r.ok()) return r.status();
+    c.wp_async = *r;
   }
   FARMEM_RETURN_IF_ERROR(c.validate());
   return c;

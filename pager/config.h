@@ -13,6 +13,7 @@
 //   FARMEM_BLOCK_SIZE      fetch granularity (4K .. 2M, a power of two)
 //   FARMEM_PREFETCH        0 / 1
 //   FARMEM_UFFD_MOVE       auto / on / off: UFFDIO_MOVE for victim-cache traffic
+//   FARMEM_WP_ASYNC        auto / on / off: UFFD_FEATURE_WP_ASYNC + PAGEMAP_SCAN dirty tracking
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,13 @@ namespace farmem {
 // start-up error, kOff keeps the copy path (UFFDIO_COPY in, memcpy + MADV_DONTNEED out). Either way
 // a block that cannot move (pinned for DMA, shared after fork) takes the copy path.
 enum class UffdMoveMode : uint8_t { kAuto, kOn, kOff };
+
+// UFFD_FEATURE_WP_ASYNC + PAGEMAP_SCAN dirty tracking (Linux >= 6.7; pager.h "WP_ASYNC"): the
+// kernel resolves the first write to a clean block itself (no WP fault, no handler) and the
+// evictor asks PAGEMAP_SCAN which blocks were written. It needs UFFDIO_MOVE too (demotion must
+// take a page out of the region atomically). kAuto uses it when the kernel has both, kOn makes
+// their absence a start-up error, kOff keeps the WP-fault path.
+enum class WpAsyncMode : uint8_t { kAuto, kOn, kOff };
 
 struct PagerConfig {
   // Virtual bytes reserved: sized by the remote capacity, not by local memory.
@@ -58,6 +66,10 @@ struct PagerConfig {
   // here (bench/pager_bench.cc BM_VictimHit / BM_EvictCycle; figures in
   // pager.h, "UFFDIO_MOVE"). FARMEM_UFFD_MOVE=auto turns it on where present.
   UffdMoveMode uffd_move = UffdMoveMode::kOff;
+  // See WpAsyncMode. Off by default: measured slower than the WP-fault path
+  // here (bench/pager_bench.cc BM_RandomRMW / BM_SeqScan; figures in
+  // pager.h, "WP_ASYNC"). FARMEM_WP_ASYNC=auto turns it on where present.
+  WpAsyncMode wp_async = WpAsyncMode::kOff;
 
   Status validate() const;
   // Overrides fields from FARMEM_* variables; a bad value is an error that
@@ -68,6 +80,9 @@ struct PagerConfig {
 // "auto" / "on" / "off"; kInvalidArgument names FARMEM_UFFD_MOVE otherwise.
 Result<UffdMoveMode> parse_uffd_move(std::string_view text);
 const char* uffd_move_name(UffdMoveMode m);
+// "auto" / "on" / "off"; kInvalidArgument names FARMEM_WP_ASYNC otherwise.
+Result<WpAsyncMode> parse_wp_async(std::string_view text);
+const char* wp_async_name(WpAsyncMode m);
 
 // min(max(cores / 2, 1), 8): a fault costs one hand-off (kernel -> handler),
 // more threads than cores only add contention.

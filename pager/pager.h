@@ -18,7 +18,8 @@
 //     handler's own transport queue, then UFFDIO_COPY (WP or writable as
 //     above); concurrent faults on the block are parked in the kernel and
 //     woken by that one copy;
-//   * write to a clean (write-protected) block: WP fault -> dirty, unprotect;
+//   * write to a clean (write-protected) block: WP fault -> dirty, unprotect
+//     (with WP_ASYNC, below: no fault at all, the kernel lets it through);
 //   * victim-cache block (evicted but still local): UFFDIO_COPY from its slot.
 //
 // Fault-path cost (cold remote fault, loopback, 4 KiB, one handler; handler
@@ -114,7 +115,8 @@
 // Several donors and replicas (FARMEM_REPLICAS; the map is in
 // remote_map.h, placement in placement.h, re-replication in replicator.h):
 //   * READ (demand fault, prefetch, hint): one readable replica on a live
-//     donor (RemoteMap::resolve_read). A READ that completes (or is
+//     donor, the one with the fewest READs outstanding
+//     (RemoteMap::resolve_read; read_done() when it completed). A READ that completes (or is
 //     refused) kUnavailable / kNotFound marks that donor failed and is
 //     posted again on the next live replica (retry_read); only when none is
 //     left does lost_page() stop the process (invariant 6), naming every
@@ -132,7 +134,41 @@
 //   * With one replica over one donor the data path is what it was: one
 //     READ or WRITE per block, an RCU read-side section (urcu-bp: a
 //     compiler barrier) per address lookup, no lock, no allocation.
-// Not yet: WP_ASYNC / CONTINUE are detected (features()) but unused.
+// WP_ASYNC (config.wp_async, FARMEM_WP_ASYNC; Linux >= 6.8: it needs
+// UFFD_FEATURE_WP_ASYNC, PAGEMAP_SCAN and UFFDIO_MOVE): the uffd is opened
+// with UFFD_FEATURE_WP_ASYNC, so the first write to a clean block costs no
+// WP fault (the kernel clears the block's uffd-wp bit and goes on); random
+// read-modify-write pays one fault instead of two. Dirty = kDirty in the
+// page table OR written per PAGEMAP_SCAN (PAGE_IS_WRITTEN), asked by the
+// evictor before demoting, one ioctl per run of adjacent blocks. Async WP
+// makes EVERY WP fault on the descriptor async, so the demotion cannot rely
+// on write protection to stop a racing write: it takes the page out of the
+// region with UFFDIO_MOVE (atomic) and settles "written?" with a snapshot
+// and a compare; why that loses nothing, and why copy + MADV_DONTNEED
+// cannot be made safe, is in demote_async(). Pages shared with a fork child
+// (the move refuses them, EBUSY) are un-shared first by an atomic add of 0;
+// pinned ones stay mapped. Promotions follow config.uffd_move as before.
+// Limit: a free slot still holding a page is dropped with MADV_DONTNEED
+// before a block moves into it, which a transport that pins its registered
+// buffers (verbs) would not see: use WP_ASYNC with loopback or tcp only.
+// Measured slower, so off by default (bench/pager_bench.cc, loopback,
+// 4 KiB blocks, mode forced with FARMEM_TEST_WP_ASYNC, three runs each,
+// interleaved on/off, 2 cores at load average 7-9, Linux 6.18):
+//                          WP_ASYNC on             off
+//   BM_RandomRMW 25%       3.96k 3.90k 1.74k       3.76k 3.34k 4.04k ops/s
+//   BM_RandomRMW 50%       3.20k 3.26k 2.95k       4.81k 4.88k 4.99k ops/s
+//   BM_RandomRMW 75%       4.88k 5.19k 5.23k       8.58k 7.16k 7.96k ops/s
+//   BM_ColdFault p50       25.6  23.8  32.4        22.6  24.9  25.7 us
+//   BM_SeqScan prefetch 0  0.020 0.021 0.010       0.060 0.063 0.050 GB/s
+//   BM_SeqScan prefetch 1  0.025 0.022 0.015       0.087 0.054 0.073 GB/s
+// The saved WP fault is real (faults_wp then counts the blocks found
+// written, no handler round trip) but the evictor pays more than it saves:
+// one UFFDIO_MOVE per block (own TLB shoot-down, as in the UFFDIO_MOVE
+// figures above) plus, for slots a copy-promotion or prefetch left mapped,
+// one MADV_DONTNEED per slot, where the copy path drops whole runs with one
+// MADV_DONTNEED. Batching moves of adjacent blocks into adjacent slots and
+// the slot drops per run are the next things to try.
+// Not yet: UFFDIO_CONTINUE is detected (features()) but unused.
 #pragma once
 
 #include <fcntl.h>
@@ -234,6 +270,9 @@ class Pager {
   // True when victim-cache traffic uses UFFDIO_MOVE (config.uffd_move and
   // the kernel allow it).
   bool uses_move() const { return use_move_; }
+  // True when dirty tracking uses UFFD_FEATURE_WP_ASYNC + PAGEMAP_SCAN
+  // (config.wp_async and the kernel allow it; see "WP_ASYNC" above).
+  bool uses_wp_async() const { return use_wp_async_; }
 
   // Drops [addr, addr+len) (block-aligned): the range reads as zeros again,
   // its remote space and budget are freed. Control path (allocator purge);
@@ -380,6 +419,12 @@ class Pager {
   bool promote_by_move(uint32_t b, uint32_t slot, bool write, uint32_t w);
   bool move_out(uint32_t b, uint32_t slot);
   Status setup_move();
+  Status setup_wp_async();
+  // WP_ASYNC demotion of n Demoting blocks into slots (see its comment):
+  // sets kDirty in words[i] when block i was written, kept[i] when it could
+  // not leave the region (it stays mapped, still Demoting).
+  void demote_async(const uint32_t* blocks, const uint32_t* slots, uint32_t* words,
+                    const bool* empty, size_t n, bool* kept);
   [[noreturn]] void lost_page(uint32_t b, Errc e);
   // A READ of f's block failed with `why`: marks its donor failed and posts
   // the READ again on the next live replica; false when none is left.
@@ -389,7 +434,8 @@ class Pager {
   Status check_block_range(const char* fn, void* addr, size_t len, uint32_t* first,
                            uint32_t* last) const;
   bool take_pin();
-  void unpin_block(uint32_t b);  // b is pinned; drops one pin
+  void unpin_block(uint32_t b);     // b is pinned; drops one pin
+  void discard_remote(uint32_t b);  // b owned in Discarding: forget its remote unit
 
   // Evictor.
   void evictor_main();
@@ -414,6 +460,10 @@ class Pager {
   uint32_t n_slots_ = 0;
   uint32_t staging_blocks_ = 0;
   bool use_move_ = false;
+  bool use_wp_async_ = false;
+  PagemapScan pagemap_;         // when use_wp_async_
+  pager_detail::Mapping snap_;  // 64 blocks: demote_async()'s snapshots, guarded by snap_mu_
+  std::mutex snap_mu_;          // the evictor and evict() both demote
   std::unique_ptr<RemoteMap> remote_;
   std::unique_ptr<Prefetcher> prefetcher_;
   std::vector<void*> registered_;
@@ -513,7 +563,29 @@ Result<std::unique_ptr<Pager<B>>> Pager<B>::create(const PagerConfig& config, B*
 template <TransportBackend B>
 Status Pager<B>::init() {
   if (cfg_.handler_threads == 0) cfg_.handler_threads = default_handler_threads();
-  auto u = Uffd::open();
+  // Tests only: FARMEM_TEST_WP_ASYNC (auto / on / off) overrides
+  // config.wp_async so that the whole pager suite runs in either mode
+  // (applications set it through FARMEM_WP_ASYNC and PagerConfig::from_env).
+  if (const char* v = getenv("FARMEM_TEST_WP_ASYNC")) {
+    auto m = parse_wp_async(v);
+    if (!m.ok()) return m.status().with_context("FARMEM_TEST_WP_ASYNC");
+    cfg_.wp_async = *m;
+  }
+  // WP_ASYNC is a property of the whole descriptor, chosen at UFFDIO_API
+  // time: it is asked for only when everything else it needs is here
+  // (PAGEMAP_SCAN now, UFFDIO_MOVE checked by Uffd::open), because a
+  // descriptor with it and a pager without it would lose writes.
+  bool want_async = false;
+  if (cfg_.wp_async != WpAsyncMode::kOff) {
+    auto pm = PagemapScan::open();
+    if (pm.ok()) {
+      pagemap_ = std::move(*pm);
+      want_async = true;
+    } else if (cfg_.wp_async == WpAsyncMode::kOn) {
+      return pm.status().with_context("FARMEM_WP_ASYNC=on (set auto or off)");
+    }
+  }
+  auto u = Uffd::open(want_async);
   if (!u.ok()) return u.status();
   uffd_ = std::move(*u);
 
@@ -541,6 +613,7 @@ Status Pager<B>::init() {
   n_slots_ = static_cast<uint32_t>(slots);
   FARMEM_RETURN_IF_ERROR(slots_.map(uint64_t{n_slots_} * block_, 4096, false, "victim cache"));
   FARMEM_RETURN_IF_ERROR(setup_move());
+  FARMEM_RETURN_IF_ERROR(setup_wp_async());
   FARMEM_RETURN_IF_ERROR(zero_.map(block_, 4096, false, "zero block"));
   FARMEM_RETURN_IF_ERROR(transport_->register_buffer(slots_.ptr, uint64_t{n_slots_} * block_));
   registered_.push_back(slots_.ptr);
@@ -628,6 +701,139 @@ Status Pager<B>::setup_move() {
   }
   use_move_ = true;
   return ok_status();
+}
+
+template <TransportBackend B>
+Status Pager<B>::setup_wp_async() {
+  if (!uffd_.wp_async()) {
+    if (cfg_.wp_async == WpAsyncMode::kOn) {
+      return make_error(Errc::kUnavailable,
+                        "FARMEM_WP_ASYNC=on but this kernel lacks UFFD_FEATURE_WP_ASYNC or "
+                        "UFFDIO_MOVE (Linux >= 6.8 has both; detected: %s); set "
+                        "FARMEM_WP_ASYNC=auto or off",
+                        uffd_.features().to_string().c_str());
+    }
+    return ok_status();
+  }
+  // From here on the descriptor resolves WP faults itself: the pager must
+  // track writes with PAGEMAP_SCAN and demote by UFFDIO_MOVE, whatever
+  // config.wp_async says, or fail. Promotions keep following
+  // config.uffd_move (uses_move()).
+  if (!use_move_) {
+    const size_t len = uint64_t{n_slots_} * block_;
+    (void)madvise(slots_.ptr, len, MADV_NOHUGEPAGE);
+    Status st = uffd_.register_wp_only(slots_.ptr, len);
+    if (!st.ok()) return st.with_context("WP_ASYNC needs UFFDIO_MOVE; set FARMEM_WP_ASYNC=off");
+  }
+  FARMEM_RETURN_IF_ERROR(snap_.map(64ull * block_, 4096, true, "WP_ASYNC snapshot buffer"));
+  use_wp_async_ = true;
+  return ok_status();
+}
+
+template <TransportBackend B>
+void Pager<B>::demote_async(const uint32_t* blocks, const uint32_t* slots, uint32_t* words,
+                            const bool* empty, size_t n, bool* kept) {
+  // Why not the copy path: async WP never stops a write, so "write-protect,
+  // copy, MADV_DONTNEED" would lose a write landing between the copy and
+  // the DONTNEED, and no check can close that window (a check before the
+  // DONTNEED leaves a smaller window; after it the page is gone). So the
+  // page leaves the region with UFFDIO_MOVE, atomically under the page-table
+  // lock: a write before the move is in the moved page, a write after it is
+  // a missing fault that waits for Demoting to end (invariant 4).
+  // What the move loses is the uffd-wp bit ("written?"): the slot's page is
+  // writable (checked on Linux 6.18: PAGEMAP_SCAN reports every moved page
+  // written). So a block clean in the page table is
+  //   1. snapshotted (copied to snap_; mapped and owned: no fault),
+  //   2. asked PAGEMAP_SCAN, without re-protecting: written since it was
+  //      installed write-protected? then dirty;
+  //   3. moved to its slot;
+  //   4. if not written at 2, compared with the snapshot: any difference
+  //      means dirty.
+  // Exact, not probabilistic: "not written at 2" means the bytes at 2 are
+  // still the installed (= remote, or zero) bytes, and the snapshot taken
+  // before 2 equals them (a write before 2 shows at 2). A write between 2
+  // and 3 is in the moved page, so it differs from the snapshot unless it
+  // stored the bytes already there, and then dropping the block loses
+  // nothing. Dirty blocks only move. One PAGEMAP_SCAN per run of adjacent
+  // blocks.
+  bool clean[64] = {}, written[64] = {};
+  FARMEM_BUG_ON(n > 64);
+  std::lock_guard<std::mutex> lk(snap_mu_);
+  for (size_t i = 0; i < n; ++i) {
+    kept[i] = false;
+    clean[i] = !(words[i] & PageTable::kDirty);
+    if (clean[i]) {
+      pager_detail::copy_from_region(snap_.ptr + i * uint64_t{block_}, block_addr(blocks[i]),
+                                     block_);
+    }
+  }
+  uint32_t order[64];
+  size_t nc = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (clean[i]) order[nc++] = static_cast<uint32_t>(i);
+  std::sort(order, order + nc, [&](uint32_t a, uint32_t b) { return blocks[a] < blocks[b]; });
+  for (size_t i = 0; i < nc;) {
+    size_t j = i + 1;
+    while (j < nc && blocks[order[j]] == blocks[order[j - 1]] + 1) ++j;
+    PagemapScan::Range r[64];
+    const uint64_t lo = reinterpret_cast<uintptr_t>(block_addr(blocks[order[i]]));
+    long got = pagemap_.written(block_addr(blocks[order[i]]), (j - i) * uint64_t{block_}, r, 64,
+                                /*reprotect=*/false);
+    if (got < 0) {
+      fatal("pager: PAGEMAP_SCAN of %zu blocks at %p failed: %s", j - i,
+            static_cast<void*>(block_addr(blocks[order[i]])), strerror(static_cast<int>(-got)));
+    }
+    for (long k = 0; k < got; ++k) {
+      for (uint64_t a = r[k].start; a < r[k].end;) {
+        const size_t idx = i + (a - lo) / block_;
+        if (idx < j) written[order[idx]] = true;
+        a = lo + (a - lo) / block_ * block_ + block_;  // next block
+      }
+    }
+    i = j;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (written[i]) {
+      words[i] |= PageTable::kDirty;
+      counters_.bump(counters_.faults_wp);  // a write the kernel resolved
+    }
+    // A free slot may still hold a page (a copy-promotion left it there):
+    // nobody uses it, so it can go.
+    if (!empty[i] && madvise(slot_addr(slots[i]), block_, MADV_DONTNEED) != 0) {
+      fatal("pager: MADV_DONTNEED of free slot %u failed: %s", slots[i], strerror(errno));
+    }
+    // Not move_out(): its counters describe config.uffd_move's traffic.
+    auto move = [&] {
+      int err = 0;
+      Errc e = uffd_.move(slot_addr(slots[i]), block_addr(blocks[i]), block_, false, &err);
+      if (e == Errc::kInternal) {
+        fatal(
+            "pager: UFFDIO_MOVE of block %u to slot %u moved part of it and could not undo "
+            "that (%s)",
+            blocks[i], slots[i], strerror(err));
+      }
+      return e == Errc::kOk;
+    };
+    // A refused move (EBUSY: a page shared with a fork child or pinned;
+    // anything else) keeps the block mapped: the caller puts it back. The
+    // pager never touches the region here to un-share a page: if the page
+    // is not there, that touch would fault on a block this thread owns and
+    // wait for itself (seen as a hang under load).
+    const bool ok = move();
+    if (!ok) {
+      kept[i] = true;  // pinned: it stays mapped; the caller puts it back
+      counters_.bump(counters_.move_fallbacks);
+      continue;
+    }
+    // With config.uffd_move on these are its moves too; off, they stay out
+    // of its counters (the demotion counter has them).
+    if (use_move_) counters_.bump(counters_.moves_out);
+    if (clean[i] && !written[i] &&
+        memcmp(slot_addr(slots[i]), snap_.ptr + i * uint64_t{block_}, block_) != 0) {
+      words[i] |= PageTable::kDirty;
+      counters_.bump(counters_.faults_wp);
+    }
+  }
 }
 
 template <TransportBackend B>
@@ -753,6 +959,7 @@ bool Pager<B>::retry_read(Handler& h, const Inflight& f, Errc why) {
       counters_.bump(counters_.reads);
       return true;
     }
+    remote_->read_done(from.server);  // not posted
     h.free_inflight.push_back(k);
     if (pe != Errc::kUnavailable) return false;
     remote_->mark_failed(from.server);
@@ -987,6 +1194,7 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
         while (remote_->resolve_read(unit, &op.remote)) {
           pe = h.q->post({&op, 1});
           if (pe != Errc::kUnavailable) break;
+          remote_->read_done(op.remote.server);  // not posted
           remote_->mark_failed(op.remote.server);
           remote_->count_failover();
         }
@@ -1068,6 +1276,7 @@ void Pager<B>::prefetch_after(Handler& h, uint32_t b, bool hit) {
   if (pe != Errc::kOk) {
     // Not fatal: nobody waits on a prefetch. Undo it.
     for (const IoOp& op : h.ops) {
+      remote_->read_done(op.remote.server);
       Inflight& f = h.inflight[op.cookie];
       free_slot(f.buf);
       unreserve();
@@ -1085,6 +1294,7 @@ void Pager<B>::complete(Handler& h, const IoCompletion& c) {
   const uint32_t k = static_cast<uint32_t>(c.cookie);
   Inflight f = h.inflight[k];
   h.free_inflight.push_back(k);
+  remote_->read_done(f.server);  // every inflight entry is a READ
   if (!f.prefetch) {
     // Failover: another replica serves the fault; the thread waits longer.
     if (c.status != Errc::kOk && retry_read(h, f, c.status)) return;
@@ -1202,6 +1412,33 @@ size_t Pager<B>::demote_batch(size_t max) {
   }
   for (size_t i = n; i < ns; ++i) free_slot(slots[i], empty[i]);
   if (n == 0) return 0;
+  if (use_wp_async_) {
+    bool kept[kMaxBatch];
+    demote_async(blocks, slots, words, empty, n, kept);
+    size_t moved_n = 0;
+    {
+      std::lock_guard<std::mutex> lk(list_mu_);
+      for (size_t i = 0; i < n; ++i) {
+        if (kept[i]) {
+          active_.push_front(blocks[i]);  // pinned page: try others first
+        } else {
+          victim_.push_front(blocks[i]);
+        }
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (kept[i]) {
+        free_slot(slots[i], /*empty=*/true);
+        pt_.finish(blocks[i], PageTable::with_state(words[i], PageState::kPresent));
+        continue;
+      }
+      pt_.finish(blocks[i],
+                 PageTable::make(PageState::kVictim, words[i] & PageTable::kDirty, slots[i]));
+      ++moved_n;
+    }
+    counters_.bump(counters_.demotions, moved_n);
+    return moved_n;
+  }
   // Moved blocks are done: the move took the page out of the region
   // atomically. The rest (or all, without UFFDIO_MOVE) are copied.
   bool moved[kMaxBatch] = {};
@@ -1425,6 +1662,16 @@ size_t Pager<B>::writeback_done(const IoCompletion& c) {
 }
 
 template <TransportBackend B>
+void Pager<B>::discard_remote(uint32_t b) {
+  BlockMeta& m = pt_.meta(b);
+  if (m.remote != 0) {
+    // A fork snapshot may still read the unit: then it frees it.
+    if (!fork_.keep_unit(b, m.remote - 1, /*discarded=*/true)) remote_->free_unit(m.remote - 1);
+    m.remote = 0;
+  }
+}
+
+template <TransportBackend B>
 Status Pager<B>::discard(void* addr, size_t len) {
   uintptr_t a = reinterpret_cast<uintptr_t>(addr);
   uintptr_t base = reinterpret_cast<uintptr_t>(region_.ptr);
@@ -1438,6 +1685,27 @@ Status Pager<B>::discard(void* addr, size_t len) {
   }
   const uint32_t first = static_cast<uint32_t>((a - base) / block_);
   const uint32_t last = first + static_cast<uint32_t>(len / block_);
+  // Mapped blocks are dropped in runs: one MADV_DONTNEED per run of adjacent
+  // blocks instead of one per block. Each madvise of a process with pager
+  // threads flushes the other CPUs' TLBs; per block, that was most of the
+  // cost of a program freeing large buffers under the preload library
+  // (jemalloc purges freed extents through here). The run's blocks stay in
+  // Discarding (faults on them wait) until the one madvise is done.
+  constexpr uint32_t kMaxRun = 1024;
+  uint32_t run_first = 0, run_len = 0;
+  auto drop_run = [&] {
+    if (run_len == 0) return;
+    if (madvise(block_addr(run_first), uint64_t{run_len} * block_, MADV_DONTNEED) != 0) {
+      fatal("pager: discard: MADV_DONTNEED of %u blocks at %p failed: %s", run_len,
+            static_cast<void*>(block_addr(run_first)), strerror(errno));
+    }
+    for (uint32_t b = run_first; b < run_first + run_len; ++b) {
+      unreserve();
+      discard_remote(b);
+      pt_.finish(b, PageTable::make(PageState::kEmpty, 0, 0));
+    }
+    run_len = 0;
+  };
   for (uint32_t b = first; b < last; ++b) {
     for (;;) {
       uint32_t w = pt_.load(b);
@@ -1445,7 +1713,9 @@ Status Pager<B>::discard(void* addr, size_t len) {
       if (s == PageState::kEmpty) break;
       if (is_transient(s)) {
         // I/O or a fault in flight on the block: wait for it (bounded by
-        // that I/O).
+        // that I/O). Drop the run first so that no fault waits on us
+        // while we wait.
+        drop_run();
         std::this_thread::sleep_for(std::chrono::microseconds(50));
         continue;
       }
@@ -1457,12 +1727,12 @@ Status Pager<B>::discard(void* addr, size_t len) {
           std::lock_guard<std::mutex> lk(list_mu_);
           active_.remove(b);
         }
-        if (madvise(block_addr(b), block_, MADV_DONTNEED) != 0) {
-          return make_error(Errc::kIo, "discard: MADV_DONTNEED at %p: %s",
-                            static_cast<void*>(block_addr(b)), strerror(errno));
-        }
-        unreserve();
-      } else if (s == PageState::kVictim) {
+        if (run_len != 0 && (run_first + run_len != b || run_len == kMaxRun)) drop_run();
+        if (run_len == 0) run_first = b;
+        ++run_len;
+        break;
+      }
+      if (s == PageState::kVictim) {
         {
           std::lock_guard<std::mutex> lk(list_mu_);
           victim_.remove(b);
@@ -1470,16 +1740,12 @@ Status Pager<B>::discard(void* addr, size_t len) {
         free_slot(PageTable::slot_of(w));
         unreserve();
       }
-      BlockMeta& m = pt_.meta(b);
-      if (m.remote != 0) {
-        // A fork snapshot may still read the unit: then it frees it.
-        if (!fork_.keep_unit(b, m.remote - 1, /*discarded=*/true)) remote_->free_unit(m.remote - 1);
-        m.remote = 0;
-      }
+      discard_remote(b);
       pt_.finish(b, PageTable::make(PageState::kEmpty, 0, 0));
       break;
     }
   }
+  drop_run();
   return ok_status();
 }
 
@@ -1523,6 +1789,29 @@ Status Pager<B>::evict(void* addr, size_t len) {
         {
           std::lock_guard<std::mutex> lk(list_mu_);
           active_.remove(b);
+        }
+        if (use_wp_async_) {
+          // As the evictor does (demote_async): never copy + DONTNEED here.
+          uint32_t ws = w;
+          bool kept = false;
+          const bool empty = false;  // unknown: demote_async empties it
+          demote_async(&b, &slot, &ws, &empty, 1, &kept);
+          if (kept) {
+            {
+              std::lock_guard<std::mutex> lk(list_mu_);
+              active_.push_front(b);
+            }
+            free_slot(slot, true);
+            pt_.finish(b, PageTable::with_state(ws, PageState::kPresent));
+            break;  // pinned for DMA: a hint, skip it
+          }
+          {
+            std::lock_guard<std::mutex> lk(list_mu_);
+            victim_.push_front(b);
+          }
+          pt_.finish(b, PageTable::make(PageState::kVictim, ws & PageTable::kDirty, slot));
+          counters_.bump(counters_.demotions);
+          continue;  // now a victim: dropped below
         }
         int err = 0;
         if ((w & PageTable::kDirty) &&
@@ -1697,6 +1986,7 @@ Status Pager<B>::prefetch(void* addr, size_t len) {
     } else {
       while (done < n) done += hint_q_->wait({comps + done, n - done}, 100);
     }
+    for (size_t i = 0; i < n; ++i) remote_->read_done(ops[i].remote.server);
     counters_.bump(counters_.reads, n);
     counters_.bump(counters_.prefetch_issued, n);
     for (size_t i = 0; i < n; ++i) {

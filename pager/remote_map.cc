@@ -91,7 +91,8 @@ RemoteMap::RemoteMap(SlabSource* source, TransportControl* transport, uint32_t u
       replicas_(std::clamp<uint32_t>(source->replicas(), 1, kMaxReplicas)),
       groups_(new Group[kMaxSlabs]),
       extents_(new Extent[kMaxSlabs]),
-      failed_(new std::atomic<uint8_t>[kMaxServers]) {
+      failed_(new std::atomic<uint8_t>[kMaxServers]),
+      load_(new DonorLoad[kMaxServers]) {
   for (uint32_t i = 0; i < kMaxServers; ++i) failed_[i].store(0, std::memory_order_relaxed);
 }
 
@@ -111,6 +112,8 @@ RemoteMap::~RemoteMap() {
     for (uint32_t k = 0; k < s->n; ++k) drop(s->r[k]);
     delete s;
   }
+  // No reader is left (the pager and the replicator are gone).
+  for (const ReplicaSet* s : retired_sets_) delete s;
   for (const Replica& r : retired_) drop(r);
 }
 
@@ -255,19 +258,28 @@ bool RemoteMap::resolve_read(uint32_t unit, RemoteAddr* out) const noexcept {
   uint64_t off;
   locate(unit, &e, &off);
   bool found = false;
+  int32_t best = 0;
   urcu_bp_read_lock();
   const ReplicaSet* s = extents_[e].set.load(std::memory_order_acquire);
-  // Spread reads over the replicas by unit (a multiplicative hash, so that
-  // the choice does not follow the stripe pattern).
+  // The live readable replica whose donor has the fewest READs outstanding.
+  // Candidates are visited from a start chosen by a multiplicative hash of
+  // the unit (so that the choice does not follow the stripe pattern) and only
+  // a strictly smaller load displaces the first found: equal loads (an idle
+  // map) spread by unit.
   const uint32_t start = s->n > 1 ? ((unit * 2654435761u) >> 16) % s->n : 0;
-  for (uint32_t i = 0; i < s->n && !found; ++i) {
+  for (uint32_t i = 0; i < s->n; ++i) {
     const Replica& r = s->r[(start + i) % s->n];
-    if (r.readable && !failed(r.server)) {
+    if (!r.readable || failed(r.server)) continue;
+    const int32_t l = reads_outstanding(r.server);
+    if (!found || l < best) {
       *out = RemoteAddr{r.server, r.slab, off};
+      best = l;
       found = true;
     }
   }
   urcu_bp_read_unlock();
+  if (found && out->server < kMaxServers)
+    load_[out->server].reads.fetch_add(1, std::memory_order_relaxed);
   return found;
 }
 
@@ -345,9 +357,23 @@ void RemoteMap::publish(uint32_t e, const ReplicaSet& s) {
   const ReplicaSet* fresh = new ReplicaSet(s);
   const ReplicaSet* old = extents_[e].set.exchange(fresh, std::memory_order_seq_cst);
   // Readers that may still look at the old set finish their read-side
-  // sections (a few instructions each) before it goes.
+  // sections (a few instructions each) before it goes: in reclaim(), one
+  // grace period for a whole repair pass. A grace period per publish (two
+  // per extent) cost milliseconds each under load and dominated the restore
+  // time. Nothing else waits for the grace period: a write-back's view of
+  // the set is ordered by in_flight / the seq_cst exchange (begin_write).
+  retired_sets_.push_back(old);
+}
+
+void RemoteMap::reclaim() {
+  std::vector<const ReplicaSet*> sets;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    sets.swap(retired_sets_);
+  }
+  if (sets.empty()) return;
   urcu_bp_synchronize_rcu();
-  delete old;
+  for (const ReplicaSet* s : sets) delete s;
 }
 
 Status RemoteMap::begin_repair(uint32_t e, RepairPlan* plan) {

@@ -29,8 +29,12 @@
 //
 // Replicas and failures. Every dirty block is written to every replica of
 // its extent on a donor that is not failed (begin_write), readable or not;
-// reads go to one readable replica on a live donor (resolve_read), chosen by
-// the unit so that reads spread evenly over the replicas. mark_failed() (a
+// reads go to one readable replica on a live donor (resolve_read): the one
+// whose donor has the fewest READs outstanding from this map (ties: a hash
+// of the unit, so that an idle map still spreads reads evenly). The count is
+// one relaxed atomic per donor on its own cache line, raised by resolve_read
+// and lowered by read_done() when the READ completed or was never posted: no
+// lock, no allocation, and a slow donor collects fewer reads. mark_failed() (a
 // transport error on the fault path, or a missed heartbeat seen by the
 // re-replication thread) makes every later read and write skip that donor.
 // Re-replication (pager/replicator.h) repairs an extent in two steps:
@@ -47,8 +51,8 @@
 // they are RCU-protected (liburcu, the "bp" flavour; see remote_map.cc for
 // why). Readers copy what they need out of the set inside a read-side
 // section and never hold it across calls: no lock and no allocation on the
-// fault path. Writers (repair, under mu_) publish a new set and free the old
-// one after synchronize_rcu().
+// fault path. Writers (repair, under mu_) publish a new set; the old ones are
+// freed after one synchronize_rcu() per repair pass (reclaim()).
 #pragma once
 
 #include <atomic>
@@ -184,9 +188,19 @@ class RemoteMap {
   // ---- Data path: lock-free, no allocation. unit must have been allocated.
   // The first replica of the unit (whatever its state); for messages.
   RemoteAddr resolve(uint32_t unit) const noexcept;
-  // A readable replica on a live donor, spread over the replicas by unit;
-  // false when none is left (the data is lost: invariant 6).
+  // A readable replica on a live donor, the least loaded one (fewest READs
+  // outstanding; ties by a hash of the unit); false when none is left (the
+  // data is lost: invariant 6). On true, counts one READ outstanding on
+  // out->server: call read_done(out->server) once that READ completed, or at
+  // once when it was not posted.
   bool resolve_read(uint32_t unit, RemoteAddr* out) const noexcept;
+  void read_done(ServerId s) const noexcept {
+    if (s < kMaxServers) load_[s].reads.fetch_sub(1, std::memory_order_relaxed);
+  }
+  // READs resolved to donor s and not yet done (tests, stats).
+  int32_t reads_outstanding(ServerId s) const noexcept {
+    return s < kMaxServers ? load_[s].reads.load(std::memory_order_relaxed) : 0;
+  }
   // Every replica on a live donor (readable or being rebuilt), into out;
   // returns how many (0: none left). Counts one write in flight on the
   // extent: call end_write(unit) once every op posted for it completed
@@ -224,6 +238,10 @@ class RemoteMap {
   Status begin_repair(uint32_t e, RepairPlan* plan);
   // Makes the replicas of `plan` readable (the copy is complete).
   void finish_repair(const RepairPlan& plan, uint64_t ns);
+  // Frees the replica sets replaced by begin_repair/finish_repair after one
+  // RCU grace period (call once per repair pass; the destructor frees the
+  // rest).
+  void reclaim();
   // The seqlock pair of extent e.
   uint32_t writes_in_flight(uint32_t e) const noexcept {
     return extents_[e].in_flight.load(std::memory_order_seq_cst);
@@ -268,6 +286,13 @@ class RemoteMap {
   std::atomic<uint64_t> assigned_{0};
   std::unique_ptr<std::atomic<uint8_t>[]> failed_;
   std::atomic<uint64_t> epoch_{0};
+  // Outstanding READs per donor, one cache line each: handlers on different
+  // cores bump different donors' counts without false sharing. Signed: a
+  // relaxed decrement may be seen before its increment by another reader.
+  struct alignas(64) DonorLoad {
+    mutable std::atomic<int32_t> reads{0};
+  };
+  std::unique_ptr<DonorLoad[]> load_;
 
   std::atomic<uint64_t> restored_{0}, bytes_restored_{0}, redone_{0}, lost_{0}, restore_ns_{0},
       failovers_{0};
@@ -281,6 +306,8 @@ class RemoteMap {
   // post to one it resolved before the change; that op fails with
   // kUnavailable as it should) until the map goes.
   std::vector<Replica> retired_;  // guarded by mu_
+  // Replica sets replaced by publish(), freed by reclaim().
+  std::vector<const ReplicaSet*> retired_sets_;  // guarded by mu_
 };
 
 }  // namespace farmem

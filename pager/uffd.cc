@@ -96,7 +96,7 @@ std::string UffdFeatures::to_string() const {
   return s;
 }
 
-Result<Uffd> Uffd::open() {
+Result<Uffd> Uffd::open(bool wp_async) {
   UffdSource source = UffdSource::kSyscall;
   int se = 0, de = 0;
   // Probe: UFFDIO_API with features 0 reports every feature the kernel has;
@@ -121,7 +121,9 @@ Result<Uffd> Uffd::open() {
   uffdio_api want{};
   want.api = UFFD_API;
   want.features = UFFD_FEATURE_PAGEFAULT_FLAG_WP |
-                  (f.exact_address ? UFFD_FEATURE_EXACT_ADDRESS : 0) | (f.move ? kFeatureMove : 0);
+                  (f.exact_address ? UFFD_FEATURE_EXACT_ADDRESS : 0) | (f.move ? kFeatureMove : 0) |
+                  (wp_async && f.wp_async && f.move ? kFeatureWpAsync : 0);
+  u.wp_async_ = wp_async && f.wp_async && f.move;  // demotion needs UFFDIO_MOVE (pager.h)
   if (f.event_fork) {
     // Fork snapshots (invariant 8). The kernel refuses the bit with EPERM
     // without CAP_SYS_PTRACE; a refused UFFDIO_API leaves the descriptor
@@ -329,6 +331,73 @@ Errc Uffd::unprotect_on(int fd, void* addr, size_t len, int* err) noexcept {
   int e = errno;
   if (err) *err = e;
   return child_errc(e);
+}
+
+namespace {
+// PAGEMAP_SCAN, newer than Debian 12's headers (include/uapi/linux/fs.h,
+// Documentation/admin-guide/mm/pagemap.rst):
+//
+//   struct pm_scan_arg {              ioctl _IOWR('f', 16, struct pm_scan_arg)
+//     u64 size, flags;                sizeof, PM_SCAN_WP_MATCHING 1 | CHECK_WPASYNC 2
+//     u64 start, end, walk_end;       range; out: where the walk stopped
+//     u64 vec, vec_len;               struct page_region[] out
+//     u64 max_pages;                  0 = no limit
+//     u64 category_inverted, category_mask, category_anyof_mask, return_mask;
+//   };
+//   struct page_region { u64 start, end, categories; };
+struct PmScanArg {
+  uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
+  uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
+};
+struct PageRegion {
+  uint64_t start, end, categories;
+};
+constexpr unsigned long kPagemapScan = _IOWR('f', 16, PmScanArg);
+constexpr uint64_t kPmScanWpMatching = 1;
+constexpr uint64_t kPmScanCheckWpAsync = 2;
+constexpr uint64_t kPageIsWritten = 1ull << 1;
+}  // namespace
+
+Result<PagemapScan> PagemapScan::open() {
+  PagemapScan p;
+  p.fd_ = Fd(::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC));
+  if (!p.fd_.valid()) {
+    return make_error(Errc::kUnavailable, "open /proc/self/pagemap: %s", strerror(errno));
+  }
+  // Probe: an empty range is accepted by every kernel that has the ioctl.
+  PmScanArg a{};
+  a.size = sizeof a;
+  if (ioctl(p.fd_.get(), kPagemapScan, &a) < 0) {
+    return make_error(Errc::kUnavailable,
+                      "PAGEMAP_SCAN on /proc/self/pagemap failed: %s; it needs Linux >= 6.7",
+                      strerror(errno));
+  }
+  return p;
+}
+
+long PagemapScan::written(const void* addr, size_t len, Range* out, size_t max,
+                          bool reprotect) const noexcept {
+  PageRegion v[32];
+  size_t n = 0;
+  uint64_t start = reinterpret_cast<uintptr_t>(addr);
+  const uint64_t end = start + len;
+  while (start < end && n < max) {
+    PmScanArg a{};
+    a.size = sizeof a;
+    a.flags = kPmScanCheckWpAsync | (reprotect ? kPmScanWpMatching : 0);
+    a.start = start;
+    a.end = end;
+    a.vec = reinterpret_cast<uintptr_t>(v);
+    a.vec_len = (max - n) < 32 ? (max - n) : 32;
+    a.category_mask = kPageIsWritten;
+    a.return_mask = kPageIsWritten;
+    long r = ioctl(fd_.get(), kPagemapScan, &a);
+    if (r < 0) return -errno;
+    for (long i = 0; i < r; ++i) out[n++] = Range{v[i].start, v[i].end};
+    if (a.walk_end <= start || a.walk_end >= end) break;
+    start = a.walk_end;
+  }
+  return static_cast<long>(n);
 }
 
 Errc Uffd::wake(void* addr, size_t len) noexcept {

@@ -55,8 +55,12 @@ Status uffd_permission_error(int syscall_errno, int dev_errno);
 class Uffd {
  public:
   // Opens a non-blocking userfaultfd with the WP feature enabled. When the
-  // process is not allowed to, the error names the three fixes.
-  static Result<Uffd> open();
+  // process is not allowed to, the error names the three fixes. wp_async:
+  // also UFFD_FEATURE_WP_ASYNC when the kernel has it (wp_async() says
+  // whether it was granted): every write to a write-protected page of a
+  // range registered with this descriptor is then resolved by the kernel
+  // (no event); PagemapScan finds those pages afterwards.
+  static Result<Uffd> open(bool wp_async = false);
   // Cheap check for tests: empty string when userfaultfd with MISSING+WP is
   // usable here, else the reason.
   static std::string unavailable_reason();
@@ -72,6 +76,7 @@ class Uffd {
   bool fork_events() const { return fork_events_; }
   const char* fork_unavailable_reason() const { return fork_why_; }
   UffdSource source() const { return source_; }
+  bool wp_async() const { return wp_async_; }
 
   // Registers [addr, addr+len) in MISSING and WP modes.
   Status register_range(void* addr, size_t len);
@@ -123,6 +128,33 @@ class Uffd {
   const char* fork_why_ = "not opened";
   UffdFeatures features_;
   UffdSource source_ = UffdSource::kSyscall;
+  bool wp_async_ = false;
+};
+
+// PAGEMAP_SCAN on /proc/self/pagemap (Linux >= 6.7), for WP_ASYNC dirty
+// tracking: which pages of a range were written since they were last
+// write-protected (PAGE_IS_WRITTEN: the uffd-wp bit is clear). Pages not
+// mapped are never reported.
+//
+//   auto pm = farmem::PagemapScan::open();               // Result<PagemapScan>
+//   farmem::PagemapScan::Range r[16];
+//   long n = pm->written(addr, len, r, 16, /*reprotect=*/false);
+class PagemapScan {
+ public:
+  struct Range {
+    uint64_t start, end;  // [start, end) of written pages
+  };
+  // kUnavailable when the kernel has no PAGEMAP_SCAN.
+  static Result<PagemapScan> open();
+  // Fills at most max ranges of written pages of [addr, addr+len) and
+  // returns their number, or -errno. reprotect: PM_SCAN_WP_MATCHING, i.e.
+  // write-protect the reported pages again in the same walk (atomically per
+  // page table). A result of max ranges may be partial: the caller scans
+  // the rest from the end of the last one. Never allocates.
+  long written(const void* addr, size_t len, Range* out, size_t max, bool reprotect) const noexcept;
+
+ private:
+  Fd fd_;
 };
 
 }  // namespace farmem

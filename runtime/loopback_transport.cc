@@ -208,46 +208,13 @@ Result<std::unique_ptr<LoopbackTransport::Queue>> LoopbackTransport::open_queue(
 }
 
 Status LoopbackTransport::register_buffer(void* addr, size_t length) {
-  if (addr == nullptr || length == 0) {
-    return make_error(Errc::kInvalidArgument,
-                      "register_buffer(%p, %zu): address and length must be non-zero", addr,
-                      length);
-  }
-  const auto start = reinterpret_cast<uintptr_t>(addr);
-  if (length > std::numeric_limits<uintptr_t>::max() - start) {
-    return make_error(Errc::kInvalidArgument,
-                      "register_buffer(%p, %zu): range wraps around the address space", addr,
-                      length);
-  }
   std::unique_lock<std::shared_mutex> lk(mu_);
-  auto next = buffers_.lower_bound(start);
-  if (next != buffers_.end() && next->first < start + length) {
-    return make_error(Errc::kInvalidArgument,
-                      "register_buffer(%p, %zu) overlaps the registered buffer at %#" PRIxPTR
-                      " (%zu bytes); unregister it first or register disjoint ranges",
-                      addr, length, next->first, next->second);
-  }
-  if (next != buffers_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second > start) {
-      return make_error(Errc::kInvalidArgument,
-                        "register_buffer(%p, %zu) overlaps the registered buffer at %#" PRIxPTR
-                        " (%zu bytes); unregister it first or register disjoint ranges",
-                        addr, length, prev->first, prev->second);
-    }
-  }
-  buffers_.emplace(start, length);
-  return ok_status();
+  return buffers_.insert(addr, length);
 }
 
 Status LoopbackTransport::unregister_buffer(void* addr) {
   std::unique_lock<std::shared_mutex> lk(mu_);
-  if (buffers_.erase(reinterpret_cast<uintptr_t>(addr)) == 0) {
-    return make_error(Errc::kNotFound,
-                      "unregister_buffer(%p): no buffer was registered at this start address",
-                      addr);
-  }
-  return ok_status();
+  return buffers_.erase(addr);
 }
 
 Status LoopbackTransport::add_slab(ServerId server, const SlabDesc& slab) {
@@ -305,15 +272,11 @@ Errc LoopbackTransport::Queue::post(std::span<const IoOp> ops) {
     p.ready = Clock::time_point::min();
     p.status = Errc::kOk;
     // Validation, in the order of runtime/transport.h.
-    const auto local = reinterpret_cast<uintptr_t>(op.local);
     if (op.length == 0 || op.length > wire::kMaxIoLength) {
       p.status = Errc::kInvalidArgument;
       continue;
     }
-    auto buf = t_->buffers_.upper_bound(local);
-    if (buf == t_->buffers_.begin() ||
-        (--buf,
-         local - buf->first > buf->second || op.length > buf->second - (local - buf->first))) {
+    if (t_->buffers_.find(op.local, op.length) == nullptr) {
       p.status = Errc::kInvalidArgument;
       continue;
     }

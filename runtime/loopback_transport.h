@@ -52,7 +52,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -61,6 +60,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/registration_table.h"
 #include "runtime/status.h"
 #include "runtime/transport.h"
 
@@ -215,7 +215,7 @@ class LoopbackTransport final : public TransportControl {  // satisfies Transpor
   const Options opts_;
   std::atomic<uint64_t> next_queue_{0};
   mutable std::shared_mutex mu_;
-  std::map<uintptr_t, size_t> buffers_;                   // guarded by mu_: start -> length
+  RegistrationTable<> buffers_;                           // guarded by mu_
   std::unordered_map<ServerId, LoopbackDonor*> servers_;  // guarded by mu_
   std::unordered_map<uint64_t, SlabEntry> slabs_;         // guarded by mu_
 };

@@ -50,48 +50,17 @@ Status TcpTransport::add_server(ServerId id, DonorSession* session) {
 }
 
 Status TcpTransport::register_buffer(void* addr, size_t length) {
-  const auto begin = reinterpret_cast<uintptr_t>(addr);
-  if (addr == nullptr || length == 0 || begin + length < begin)
-    return make_error(Errc::kInvalidArgument,
-                      "register_buffer(%p, %zu): need a non-null address and a length > 0 that "
-                      "does not wrap",
-                      addr, length);
   std::lock_guard lk(mu_);
   auto next = std::make_unique<Tables>(*tables());
-  auto& bufs = next->buffers;
-  auto it = std::upper_bound(bufs.begin(), bufs.end(), begin,
-                             [](uintptr_t v, const Buffer& b) { return v < b.begin; });
-  if (it != bufs.begin()) {
-    const Buffer& prev = *(it - 1);
-    if (prev.begin + prev.length > begin)
-      return make_error(Errc::kInvalidArgument,
-                        "register_buffer(%p, %zu) overlaps the registered buffer %p of %zu bytes; "
-                        "unregister it first",
-                        addr, length, reinterpret_cast<void*>(prev.begin), prev.length);
-  }
-  if (it != bufs.end() && begin + length > it->begin)
-    return make_error(Errc::kInvalidArgument,
-                      "register_buffer(%p, %zu) overlaps the registered buffer %p of %zu bytes; "
-                      "unregister it first",
-                      addr, length, reinterpret_cast<void*>(it->begin), it->length);
-  bufs.insert(it, Buffer{begin, length});
+  FARMEM_RETURN_IF_ERROR(next->buffers.insert(addr, length));
   publish(std::move(next));
   return ok_status();
 }
 
 Status TcpTransport::unregister_buffer(void* addr) {
-  const auto begin = reinterpret_cast<uintptr_t>(addr);
   std::lock_guard lk(mu_);
-  const auto& cur = tables()->buffers;
-  auto pos = std::lower_bound(cur.begin(), cur.end(), begin,
-                              [](const Buffer& b, uintptr_t v) { return b.begin < v; });
-  if (pos == cur.end() || pos->begin != begin)
-    return make_error(Errc::kNotFound,
-                      "unregister_buffer(%p): no buffer was registered at that address (pass the "
-                      "start given to register_buffer)",
-                      addr);
   auto next = std::make_unique<Tables>(*tables());
-  next->buffers.erase(next->buffers.begin() + (pos - cur.begin()));
+  FARMEM_RETURN_IF_ERROR(next->buffers.erase(addr));
   publish(std::move(next));
   return ok_status();
 }
@@ -210,13 +179,7 @@ template <class Tables, class Server>
 Errc check_op(const Tables& t, const IoOp& op, const Server** server) {
   if (op.kind != IoKind::kRead && op.kind != IoKind::kWrite) return Errc::kInvalidArgument;
   if (op.length == 0 || op.length > wire::kMaxIoLength) return Errc::kInvalidArgument;
-  const auto p = reinterpret_cast<uintptr_t>(op.local);
-  auto it = std::upper_bound(t.buffers.begin(), t.buffers.end(), p,
-                             [](uintptr_t v, const auto& b) { return v < b.begin; });
-  if (it == t.buffers.begin()) return Errc::kInvalidArgument;
-  --it;
-  if (p - it->begin >= it->length || op.length > it->length - (p - it->begin))
-    return Errc::kInvalidArgument;
+  if (t.buffers.find(op.local, op.length) == nullptr) return Errc::kInvalidArgument;
   const Server* s = t.find_server(op.remote.server);
   if (s == nullptr) return Errc::kInvalidArgument;
   auto sl = std::lower_bound(s->slabs.begin(), s->slabs.end(), op.remote.slab,

@@ -62,6 +62,7 @@
 
 #include "runtime/donor_client.h"
 #include "runtime/net.h"
+#include "runtime/registration_table.h"
 #include "runtime/status.h"
 #include "runtime/transport.h"
 #include "runtime/wire.h"
@@ -101,10 +102,6 @@ class TcpTransport final : public TransportControl {  // satisfies TransportBack
 
  private:
   friend class Queue;
-  struct Buffer {
-    uintptr_t begin = 0;
-    size_t length = 0;
-  };
   struct Slab {
     SlabId id = 0;
     uint64_t size = 0;
@@ -116,7 +113,7 @@ class TcpTransport final : public TransportControl {  // satisfies TransportBack
   };
   // One immutable version of the tables; vectors sorted for binary search.
   struct Tables {
-    std::vector<Buffer> buffers;  // sorted by begin, non-overlapping
+    RegistrationTable<> buffers;
     std::vector<Server> servers;  // sorted by id
     const Server* find_server(ServerId id) const;
   };

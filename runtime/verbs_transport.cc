@@ -284,7 +284,7 @@ Status VerbsTransport::init() {
 VerbsTransport::~VerbsTransport() {
   // Queues are gone (they must not outlive the transport): MRs, PD, devices.
   if (const Tables* cur = tables()) {
-    for (const Buffer& b : cur->buffers) ibv_dereg_mr(b.mr);
+    for (const auto& b : cur->buffers.entries()) ibv_dereg_mr(b.extra);
   }
   if (pd_ != nullptr) ibv_dealloc_pd(pd_);
   if (devices_ != nullptr) rdma_free_devices(devices_);
@@ -334,25 +334,9 @@ Status VerbsTransport::add_server(ServerId id, DonorSession* session) {
 }
 
 Status VerbsTransport::register_buffer(void* addr, size_t length) {
-  const auto begin = reinterpret_cast<uintptr_t>(addr);
-  if (addr == nullptr || length == 0 || begin + length < begin)
-    return make_error(Errc::kInvalidArgument,
-                      "register_buffer(%p, %zu): need a non-null address and a length > 0 that "
-                      "does not wrap",
-                      addr, length);
   std::lock_guard lk(mu_);
-  auto next = std::make_unique<Tables>(*tables());
-  auto& bufs = next->buffers;
-  auto it = std::upper_bound(bufs.begin(), bufs.end(), begin,
-                             [](uintptr_t v, const Buffer& b) { return v < b.begin; });
-  const Buffer* clash = nullptr;
-  if (it != bufs.begin() && (it - 1)->begin + (it - 1)->length > begin) clash = &*(it - 1);
-  if (it != bufs.end() && begin + length > it->begin) clash = &*it;
-  if (clash != nullptr)
-    return make_error(Errc::kInvalidArgument,
-                      "register_buffer(%p, %zu) overlaps the registered buffer %p of %zu bytes; "
-                      "unregister it first",
-                      addr, length, reinterpret_cast<void*>(clash->begin), clash->length);
+  // Checked before ibv_reg_mr: a refused range pins nothing.
+  FARMEM_RETURN_IF_ERROR(tables()->buffers.check_insert(addr, length));
   // Local access only: the donor never reaches into the client.
   ibv_mr* mr = ibv_reg_mr(pd_, addr, length, IBV_ACCESS_LOCAL_WRITE);
   if (mr == nullptr) {
@@ -362,25 +346,21 @@ Status VerbsTransport::register_buffer(void* addr, size_t length) {
                       "pinned: raise RLIMIT_MEMLOCK (ulimit -l) or register less",
                       addr, length, device_name(), std::strerror(e), e);
   }
-  bufs.insert(it, Buffer{begin, length, mr});
+  auto next = std::make_unique<Tables>(*tables());
+  Status st = next->buffers.insert(addr, length, mr);
+  if (!st.ok()) {  // cannot happen: checked above under the same lock
+    ibv_dereg_mr(mr);
+    return st;
+  }
   publish(std::move(next));
   return ok_status();
 }
 
 Status VerbsTransport::unregister_buffer(void* addr) {
-  const auto begin = reinterpret_cast<uintptr_t>(addr);
   std::lock_guard lk(mu_);
   auto next = std::make_unique<Tables>(*tables());
-  auto& bufs = next->buffers;
-  auto pos = std::lower_bound(bufs.begin(), bufs.end(), begin,
-                              [](const Buffer& b, uintptr_t v) { return b.begin < v; });
-  if (pos == bufs.end() || pos->begin != begin)
-    return make_error(Errc::kNotFound,
-                      "unregister_buffer(%p): no buffer was registered at that address (pass the "
-                      "start given to register_buffer)",
-                      addr);
-  ibv_mr* mr = pos->mr;
-  bufs.erase(pos);
+  ibv_mr* mr = nullptr;
+  FARMEM_RETURN_IF_ERROR(next->buffers.erase(addr, &mr));
   publish(std::move(next));
   if (int rc = ibv_dereg_mr(mr); rc != 0)
     FARMEM_LOG(kWarn, "ibv_dereg_mr of buffer %p failed: %s", addr, std::strerror(rc));
@@ -702,15 +682,11 @@ Errc VerbsTransport::Queue::post(std::span<const IoOp> ops) {
       complete(op.cookie, Errc::kInvalidArgument);
       continue;
     }
-    const auto lb = reinterpret_cast<uintptr_t>(op.local);
-    auto bit = std::upper_bound(tab->buffers.begin(), tab->buffers.end(), lb,
-                                [](uintptr_t v, const Buffer& b) { return v < b.begin; });
-    if (bit == tab->buffers.begin() || lb + op.length > (bit - 1)->begin + (bit - 1)->length ||
-        lb + op.length < lb) {
+    const auto* buf = tab->buffers.find(op.local, op.length);
+    if (buf == nullptr) {
       complete(op.cookie, Errc::kInvalidArgument);
       continue;
     }
-    const Buffer& buf = *(bit - 1);
     const Server* srv = tab->find_server(op.remote.server);
     if (srv == nullptr) {
       complete(op.cookie, Errc::kInvalidArgument);
@@ -737,7 +713,7 @@ Errc VerbsTransport::Queue::post(std::span<const IoOp> ops) {
     s.op = op;
     s.conn = c;
     s.next = kNone;
-    s.sge = ibv_sge{static_cast<uint64_t>(lb), op.length, buf.mr->lkey};
+    s.sge = ibv_sge{reinterpret_cast<uint64_t>(op.local), op.length, buf->extra->lkey};
     s.wr = ibv_send_wr{};
     s.wr.wr_id = (uint64_t{s.seq} << 32) | i;
     s.wr.sg_list = &s.sge;

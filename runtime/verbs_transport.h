@@ -83,6 +83,7 @@
 #include <vector>
 
 #include "runtime/donor_client.h"
+#include "runtime/registration_table.h"
 #include "runtime/status.h"
 #include "runtime/transport.h"
 #include "runtime/wire.h"
@@ -165,11 +166,6 @@ class VerbsTransport final : public TransportControl {  // satisfies TransportBa
 
  private:
   friend class Queue;
-  struct Buffer {
-    uintptr_t begin = 0;
-    size_t length = 0;
-    ibv_mr* mr = nullptr;
-  };
   struct Slab {
     SlabId id = 0;
     uint64_t size = 0;
@@ -182,8 +178,8 @@ class VerbsTransport final : public TransportControl {  // satisfies TransportBa
     std::vector<Slab> slabs;  // sorted by id
   };
   struct Tables {
-    std::vector<Buffer> buffers;  // sorted by begin, non-overlapping
-    std::vector<Server> servers;  // sorted by id
+    RegistrationTable<ibv_mr*> buffers;  // the local key of each
+    std::vector<Server> servers;         // sorted by id
     const Server* find_server(ServerId id) const;
   };
 

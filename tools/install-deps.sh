@@ -34,6 +34,8 @@ PACKAGES=(
   python3          # tests/allocator: an unmodified Debian python3 runs under the preload library
   sqlite3          # tests/allocator: an unmodified sqlite3 runs under the preload library
   time             # /usr/bin/time: tools/demo.sh reports run time and peak RSS
+  memcached        # bench/eval: an unmodified memcached runs under the preload library (eval_quick)
+  gnuplot-nox      # bench/eval: renders the evaluation plots (PNG, pngcairo) without X
   # ---- Later issues: Soft-RoCE guest packages (qemu, kernel image, ...) go here.
   # FARMEM-DEPS-SOFTROCE
 )

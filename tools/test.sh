@@ -13,6 +13,8 @@
 #   deps      tools/install-deps.sh
 #   build     cmake (Ninja, RelWithDebInfo, FARMEM_ENABLE_WERROR=ON) in build/, ninja
 #   test      ctest --output-on-failure -j2 in build/
+#             (includes eval_quick, label eval: bench/eval/run.sh --quick, which
+#             fails on any failed cell or checksum mismatch; timings are not judged)
 #   asan      the same with FARMEM_ENABLE_ASAN+UBSAN in build-asan/, and its ctest
 #             (without the Soft-RoCE guest tests, which the test stage ran)
 #   format    tools/format-check.sh

@@ -9,6 +9,7 @@
 # Environment (set by ctest): FARMEMD, FARMEM_PRELOAD_LIB.
 set -euo pipefail
 exec </dev/null
+source "$(dirname "${BASH_SOURCE[0]}")/preload_lib.sh"
 
 LOCAL_MEM=16M
 KILL_AFTER=1
@@ -21,37 +22,13 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ $# -gt 0 ]] || { echo "preload_replication: no program given" >&2; exit 2; }
-: "${FARMEMD:?set FARMEMD to the farmemd binary}"
-: "${FARMEM_PRELOAD_LIB:?set FARMEM_PRELOAD_LIB to libfarmem_preload.so}"
-
-if [[ ! -e /dev/userfaultfd && $(cat /proc/sys/vm/unprivileged_userfaultfd 2>/dev/null || echo 0) != 1 && $(id -u) != 0 ]]; then
-  echo "SKIP: userfaultfd is not available to this user"
-  exit 77
-fi
-
-WORK=$(mktemp -d /tmp/farmem-repl.XXXXXX)
-DAEMONS=()
-cleanup() {
-  for d in "${DAEMONS[@]}"; do kill -KILL "$d" 2>/dev/null || true; wait "$d" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-cd "$WORK"
-head -c 32 /dev/urandom | base64 > token
-chmod 600 token
+preload_check_env
+PRELOAD_STOP_SIGNAL=KILL
+preload_workdir farmem-repl
 
 SERVERS=""
 for i in 0 1 2; do
-  "$FARMEMD" --listen 127.0.0.1:0 --capacity 512M --slab-size 4M --token-file token \
-    > "farmemd$i.log" 2>&1 &
-  DAEMONS+=($!)
-  PORT=""
-  for _ in $(seq 1 100); do
-    PORT=$(sed -n 's/^farmemd listening on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "farmemd$i.log" | head -1)
-    [[ -n $PORT ]] && break
-    sleep 0.1
-  done
-  [[ -n $PORT ]] || { cat "farmemd$i.log" >&2; echo "FAIL: farmemd $i did not start" >&2; exit 1; }
+  preload_start_farmemd "farmemd$i.log" 512M 4M
   SERVERS+="${SERVERS:+,}127.0.0.1:$PORT"
 done
 
@@ -79,18 +56,8 @@ if [[ $rc -ne 0 ]]; then
 fi
 grep '^farmem: stats' err.far || true
 grep 're-replication' err.far || true
-if ! cmp -s out.ref out.far; then
-  echo "FAIL: output differs from the run without the preload library" >&2
-  diff <(head -c 2000 out.ref) <(head -c 2000 out.far) >&2 || true
-  exit 1
-fi
-dirty=$(sed -n 's/.*evictions: [0-9]* clean, \([0-9]*\) dirty.*/\1/p' err.far)
-remote=$(sed -n 's/.*zero-fill, \([0-9]*\) remote.*/\1/p' err.far)
-if [[ -z $dirty || $dirty -eq 0 || -z $remote || $remote -eq 0 ]]; then
-  echo "FAIL: far memory was not exercised beyond the budget (dirty evictions '$dirty', remote faults '$remote')" >&2
-  cat err.far >&2
-  exit 1
-fi
+preload_check_output
+preload_check_far_memory_used
 if ! grep -q 'a donor failed' err.far; then
   echo "FAIL: the runtime did not notice the dead donor" >&2
   cat err.far >&2

@@ -9,7 +9,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -20,6 +19,7 @@
 #include "allocator/far_runtime.h"
 #include "pager/uffd.h"
 #include "runtime/stats_socket.h"
+#include "tests/pager/integrity_workload.h"
 
 #ifndef FARMEMD_PATH
 #error "FARMEMD_PATH must name the farmemd binary"
@@ -112,37 +112,26 @@ bool wait_for(F pred, int ms) {
   return true;
 }
 
-// Random 8-byte read-modify-writes and page compares against a reference,
-// from two threads; `at` runs once half-way, while they go on.
+// The shared integrity workload (tests/pager/integrity_workload.h) from two
+// threads, one op in three a page compare; `at` runs once half-way, while
+// they go on.
 template <class F>
 uint64_t workload(uint8_t* mem, std::vector<uint8_t>& ref, size_t pages, int ops, uint64_t seed,
                   F at) {
-  std::atomic<uint64_t> bad{0};
-  std::atomic<int> done{0};
-  std::vector<std::thread> ts;
-  for (int t = 0; t < 2; ++t) {
-    ts.emplace_back([&, t] {
-      std::mt19937_64 rng(seed + static_cast<uint64_t>(t));
-      for (int i = 0; i < ops / 2; ++i) {
-        size_t pg = (rng() % (pages / 2)) * 2 + static_cast<size_t>(t);
-        size_t off = pg * kPage + (rng() % (kPage / 8)) * 8;
-        if (rng() % 3 == 0) {
-          if (memcmp(mem + pg * kPage, ref.data() + pg * kPage, kPage) != 0) ++bad;
-        } else {
-          uint64_t v;
-          memcpy(&v, mem + off, 8);
-          v = v * 31 + rng();
-          memcpy(mem + off, &v, 8);
-          memcpy(ref.data() + off, &v, 8);
-        }
-        done.fetch_add(1);
-      }
-    });
+  const testing::IntegrityWorkload w{.threads = 2, .ops = ops, .seed = seed, .writes = 2};
+  return testing::run_integrity_workload(mem, ref, pages, w, at);
+}
+
+// `pages` pages of pseudo-random bytes from `seed`: the reference image a
+// test copies into far memory and checks against.
+std::vector<uint8_t> random_image(size_t pages, uint64_t seed) {
+  std::vector<uint8_t> ref(pages * kPage);
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < ref.size(); i += 8) {
+    uint64_t v = rng();
+    memcpy(ref.data() + i, &v, 8);
   }
-  while (done.load() < ops / 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  at();
-  for (auto& th : ts) th.join();
-  return bad.load();
+  return ref;
 }
 
 #define SKIP_WITHOUT_UFFD()                                                      \
@@ -162,12 +151,7 @@ TEST(ReplicationTcpTest, TwoDonorsSigkilledOneAfterTheOtherNothingLost) {
   const size_t pages = 4096;  // 16 MiB, eight times the local budget
   auto* mem = static_cast<uint8_t*>((*rt)->heap().alloc(pages * kPage));
   ASSERT_NE(mem, nullptr);
-  std::vector<uint8_t> ref(pages * kPage);
-  std::mt19937_64 rng(1);
-  for (size_t i = 0; i < ref.size(); i += 8) {
-    uint64_t v = rng();
-    memcpy(ref.data() + i, &v, 8);
-  }
+  std::vector<uint8_t> ref = random_image(pages, 1);
   memcpy(mem, ref.data(), ref.size());
 
   EXPECT_EQ(workload(mem, ref, pages, 12000, 3, [&] { d1.kill_now(); }), 0u);
@@ -206,12 +190,7 @@ TEST(ReplicationTcpTest, DonorRestartedEmptyAtSamePortIsANewDonor) {
   const size_t pages = 2048;
   auto* mem = static_cast<uint8_t*>((*rt)->heap().alloc(pages * kPage));
   ASSERT_NE(mem, nullptr);
-  std::vector<uint8_t> ref(pages * kPage);
-  std::mt19937_64 rng(2);
-  for (size_t i = 0; i < ref.size(); i += 8) {
-    uint64_t v = rng();
-    memcpy(ref.data() + i, &v, 8);
-  }
+  std::vector<uint8_t> ref = random_image(pages, 2);
   memcpy(mem, ref.data(), ref.size());
   ASSERT_TRUE(wait_for([&] { return stat(**rt, "evictions_dirty") > 1024; }, 10000));
 

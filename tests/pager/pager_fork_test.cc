@@ -22,19 +22,9 @@ void write_all(uint8_t* mem, size_t pages, uint64_t version) {
   for (size_t pg = 0; pg < pages; ++pg) fill_page(mem + pg * kPage, pg, version);
 }
 
-// Index of the first page that differs from version, or pages when none.
-size_t first_bad(const uint8_t* mem, size_t pages, uint64_t version) {
-  uint8_t expect[kPage];
-  for (size_t pg = 0; pg < pages; ++pg) {
-    fill_page(expect, pg, version);
-    if (memcmp(mem + pg * kPage, expect, kPage) != 0) return pg;
-  }
-  return pages;
-}
-
 // Child side of a fork: only plain memory accesses and _exit.
 [[noreturn]] void child_check(uint8_t* mem, size_t pages, uint64_t expect, uint64_t write) {
-  size_t bad = first_bad(mem, pages, expect);
+  size_t bad = first_bad_page(mem, pages, expect);
   if (bad != pages) {
     char msg[128];
     int n = snprintf(msg, sizeof msg, "child: page %zu differs from version %llu\n", bad,
@@ -44,8 +34,16 @@ size_t first_bad(const uint8_t* mem, size_t pages, uint64_t version) {
     _exit(10);
   }
   write_all(mem, pages, write);
-  if (first_bad(mem, pages, write) != pages) _exit(11);
+  if (first_bad_page(mem, pages, write) != pages) _exit(11);
   _exit(0);
+}
+
+// The pager's region with every page written with `version` (most of it
+// evicted when the region is larger than the budget).
+uint8_t* written_region(P& p, size_t pages, uint64_t version) {
+  auto* mem = static_cast<uint8_t*>(p.base());
+  write_all(mem, pages, version);
+  return mem;
 }
 
 pid_t fork_with_snapshot(P& p) {
@@ -66,6 +64,23 @@ int wait_child(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// Forks with a snapshot; the child runs child_check(expect, write) and
+// never returns here. The parent gets the child's pid (-1 with a failure
+// added when fork failed: wait_child(-1) is -1, not 0).
+pid_t fork_checking_child(P& p, uint8_t* mem, size_t pages, uint64_t expect, uint64_t write) {
+  pid_t pid = fork_with_snapshot(p);
+  if (pid == 0) child_check(mem, pages, expect, write);
+  if (pid < 0) ADD_FAILURE() << "fork: " << strerror(errno);
+  return pid;
+}
+
+// Once every child is gone, its snapshot is released and every unit it
+// froze is free again.
+void expect_snapshots_released(P& p) {
+  EXPECT_TRUE(wait_until([&] { return p.fork_children() == 0; }, 5000)) << p.fork_children();
+  EXPECT_EQ(p.fork_frozen_units(), 0u);
+}
+
 #define FARMEM_SKIP_WITHOUT_FORK_EVENTS(p)                                            \
   do {                                                                                \
     if (!(p).fork_snapshots())                                                        \
@@ -82,25 +97,19 @@ TEST(PagerForkTest, ChildSeesSnapshotParentKeepsItsWrites) {
   const size_t budget = 256, pages = 2560;
   P& p = rig.start(small_config(budget, pages));
   FARMEM_SKIP_WITHOUT_FORK_EVENTS(p);
-  auto* mem = static_cast<uint8_t*>(p.base());
-  write_all(mem, pages, /*A=*/1);
+  uint8_t* mem = written_region(p, pages, /*A=*/1);
   const PagerStats before = p.stats();
   ASSERT_GT(before.evictions_dirty, pages / 2) << before.to_string();  // most of A is remote
 
-  pid_t pid = fork_with_snapshot(p);
-  ASSERT_GE(pid, 0);
-  if (pid == 0) child_check(mem, pages, /*A=*/1, /*C=*/3);
+  pid_t pid = fork_checking_child(p, mem, pages, /*A=*/1, /*C=*/3);
 
   write_all(mem, pages, /*B=*/2);
   ASSERT_TRUE(p.evict(mem, pages * kPage).ok());
   EXPECT_EQ(wait_child(pid), 0);
-  EXPECT_EQ(first_bad(mem, pages, /*B=*/2), pages);
+  EXPECT_EQ(first_bad_page(mem, pages, /*B=*/2), pages);
   EXPECT_GT(p.fork_faults_served(), pages / 2);
-  // The child's address space is gone: its snapshot is released and every
-  // unit it froze is free again.
-  EXPECT_TRUE(wait_until([&] { return p.fork_children() == 0; }, 5000));
-  EXPECT_EQ(p.fork_frozen_units(), 0u);
-  EXPECT_EQ(first_bad(mem, pages, /*B=*/2), pages);
+  expect_snapshots_released(p);
+  EXPECT_EQ(first_bad_page(mem, pages, /*B=*/2), pages);
 }
 
 // A grandchild (the child forks) shares the child's snapshot: it reads A
@@ -111,8 +120,7 @@ TEST(PagerForkTest, NestedForkInheritsSnapshot) {
   const size_t budget = 128, pages = 1024;
   P& p = rig.start(small_config(budget, pages));
   FARMEM_SKIP_WITHOUT_FORK_EVENTS(p);
-  auto* mem = static_cast<uint8_t*>(p.base());
-  write_all(mem, pages, 1);
+  uint8_t* mem = written_region(p, pages, 1);
   pid_t pid = fork_with_snapshot(p);
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -120,12 +128,8 @@ TEST(PagerForkTest, NestedForkInheritsSnapshot) {
     write_all(mem, pages / 2, 5);
     pid_t g = fork_with_snapshot(p);  // inert in a child: plain fork()
     if (g == 0) {
-      if (first_bad(mem, pages / 2, 5) != pages / 2) _exit(20);
-      uint8_t expect[kPage];
-      for (size_t pg = pages / 2; pg < pages; ++pg) {
-        fill_page(expect, pg, 1);
-        if (memcmp(mem + pg * kPage, expect, kPage) != 0) _exit(21);
-      }
+      if (first_bad_page(mem, pages / 2, 5) != pages / 2) _exit(20);
+      if (first_bad_page(mem, pages, 1, /*from=*/pages / 2) != pages) _exit(21);
       _exit(0);
     }
     int st = 0;
@@ -134,9 +138,8 @@ TEST(PagerForkTest, NestedForkInheritsSnapshot) {
   }
   write_all(mem, pages, 2);
   EXPECT_EQ(wait_child(pid), 0);
-  EXPECT_EQ(first_bad(mem, pages, 2), pages);
-  EXPECT_TRUE(wait_until([&] { return p.fork_children() == 0; }, 5000));
-  EXPECT_EQ(p.fork_frozen_units(), 0u);
+  EXPECT_EQ(first_bad_page(mem, pages, 2), pages);
+  expect_snapshots_released(p);
 }
 
 // Forks while another parent thread keeps faulting (remote reads, prefetch,
@@ -147,8 +150,7 @@ TEST(PagerForkTest, ForkWhileAnotherThreadFaults) {
   const size_t budget = 128, pages = 1536;
   P& p = rig.start(small_config(budget, pages));
   FARMEM_SKIP_WITHOUT_FORK_EVENTS(p);
-  auto* mem = static_cast<uint8_t*>(p.base());
-  write_all(mem, pages, 7);
+  uint8_t* mem = written_region(p, pages, 7);
   rig.donor.set_faults({.latency_us = 30, .jitter_us = 30, .reorder = true});
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> reads{0};
@@ -166,18 +168,14 @@ TEST(PagerForkTest, ForkWhileAnotherThreadFaults) {
     }
   });
   for (int round = 0; round < 4; ++round) {
-    pid_t pid = fork_with_snapshot(p);
-    ASSERT_GE(pid, 0);
-    if (pid == 0) child_check(mem, pages, 7, 8);
-    EXPECT_EQ(wait_child(pid), 0) << "round " << round;
+    EXPECT_EQ(wait_child(fork_checking_child(p, mem, pages, 7, 8)), 0) << "round " << round;
   }
   stop.store(true);
   reader.join();
   rig.donor.set_faults({});
   EXPECT_GT(reads.load(), 0u);
-  EXPECT_EQ(first_bad(mem, pages, 7), pages);
-  EXPECT_TRUE(wait_until([&] { return p.fork_children() == 0; }, 5000));
-  EXPECT_EQ(p.fork_frozen_units(), 0u);
+  EXPECT_EQ(first_bad_page(mem, pages, 7), pages);
+  expect_snapshots_released(p);
 }
 
 // Parent teardown with a live child: the child gets every snapshot block
@@ -192,8 +190,7 @@ TEST(PagerForkTest, ParentTeardownFillsLiveChild) {
     LoopbackRig rig;
     P& p = rig.start(small_config(budget, pages));
     FARMEM_SKIP_WITHOUT_FORK_EVENTS(p);
-    auto* mem = static_cast<uint8_t*>(p.base());
-    write_all(mem, pages, 4);
+    uint8_t* mem = written_region(p, pages, 4);
     pid = fork_with_snapshot(p);
     ASSERT_GE(pid, 0);
     if (pid == 0) {
@@ -219,8 +216,7 @@ TEST(PagerForkTest, FailedForkDropsSnapshot) {
   const size_t budget = 128, pages = 1024;
   P& p = rig.start(small_config(budget, pages));
   FARMEM_SKIP_WITHOUT_FORK_EVENTS(p);
-  auto* mem = static_cast<uint8_t*>(p.base());
-  write_all(mem, pages, 3);
+  uint8_t* mem = written_region(p, pages, 3);
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(p.prepare_fork().ok());
     EXPECT_GT(p.fork_frozen_units(), 0u);  // the snapshot references the evicted blocks
@@ -232,16 +228,13 @@ TEST(PagerForkTest, FailedForkDropsSnapshot) {
   }
   // The pager runs normally in between (faults were parked, not lost).
   write_all(mem, pages, 4);
-  EXPECT_EQ(first_bad(mem, pages, 4), pages);
-  pid_t pid = fork_with_snapshot(p);
-  ASSERT_GE(pid, 0);
-  if (pid == 0) child_check(mem, pages, 4, 5);
+  EXPECT_EQ(first_bad_page(mem, pages, 4), pages);
+  pid_t pid = fork_checking_child(p, mem, pages, 4, 5);
   write_all(mem, pages, 6);
   EXPECT_EQ(wait_child(pid), 0);
   EXPECT_EQ(p.fork_events(), 1u);
-  EXPECT_EQ(first_bad(mem, pages, 6), pages);
-  EXPECT_TRUE(wait_until([&] { return p.fork_children() == 0; }, 5000));
-  EXPECT_EQ(p.fork_frozen_units(), 0u);
+  EXPECT_EQ(first_bad_page(mem, pages, 6), pages);
+  expect_snapshots_released(p);
 }
 
 // A fork that fails AFTER copying the address space: clone3 with
@@ -256,8 +249,7 @@ TEST(PagerForkTest, SpuriousForkEventOfFailedForkIsReleased) {
   const size_t budget = 128, pages = 1024;
   P& p = rig.start(small_config(budget, pages));
   FARMEM_SKIP_WITHOUT_FORK_EVENTS(p);
-  auto* mem = static_cast<uint8_t*>(p.base());
-  write_all(mem, pages, 9);
+  uint8_t* mem = written_region(p, pages, 9);
   int not_cgroup = open("/dev/null", O_RDONLY | O_CLOEXEC);
   ASSERT_GE(not_cgroup, 0);
   clone_args args{};
@@ -277,14 +269,10 @@ TEST(PagerForkTest, SpuriousForkEventOfFailedForkIsReleased) {
   EXPECT_EQ(err, EBADF);
   EXPECT_EQ(p.fork_events(), 1u) << "the kernel delivered no UFFD_EVENT_FORK for a fork that "
                                     "failed after copying the address space";
-  EXPECT_TRUE(wait_until([&] { return p.fork_children() == 0; }, 5000));
-  EXPECT_EQ(p.fork_frozen_units(), 0u);
+  expect_snapshots_released(p);
   // The parent's own data is intact, and the next fork is served.
-  EXPECT_EQ(first_bad(mem, pages, 9), pages);
-  pid_t pid = fork_with_snapshot(p);
-  ASSERT_GE(pid, 0);
-  if (pid == 0) child_check(mem, pages, 9, 10);
-  EXPECT_EQ(wait_child(pid), 0);
+  EXPECT_EQ(first_bad_page(mem, pages, 9), pages);
+  EXPECT_EQ(wait_child(fork_checking_child(p, mem, pages, 9, 10)), 0);
 }
 
 }  // namespace

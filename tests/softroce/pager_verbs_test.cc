@@ -12,12 +12,9 @@
 // FARMEM_TRANSPORT=auto choosing verbs there, and its far heap working.
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "allocator/far_runtime.h"
@@ -28,11 +25,15 @@
 #include "runtime/donor_server.h"
 #include "runtime/log.h"
 #include "runtime/verbs_transport.h"
+#include "tests/pager/integrity_workload.h"
+#include "tests/runtime/local_donor.h"
 
 namespace farmem {
 namespace {
 
-constexpr size_t kPage = 4096;
+using testing::IntegrityWorkload;
+using testing::LocalDonor;
+constexpr size_t kPage = testing::kIntegrityPage;
 using VP = Pager<VerbsTransport>;
 
 std::string test_addr() {
@@ -48,28 +49,19 @@ TEST(PagerVerbsTest, IntegrityAgainstRealDonor) {
     GTEST_SKIP() << "verbs: no RDMA device reaches " << addr << " (" << why
                  << "); run it in the Soft-RoCE guest: tools/softroce/verbs_tests.sh";
   }
-  DonorOptions o;
-  o.listen = {addr, 0};
-  o.capacity = 64ull << 20;
-  o.slab_size = 1ull << 20;
-  o.token = "pager-verbs-test-token";
-  o.try_hugepages = false;
+  DonorOptions o = testing::local_donor_options("pager-verbs-test-token");
+  o.listen.host = addr;
   o.transport = DonorTransportMode::kVerbs;
-  auto srv = DonorServer::start(o);
-  ASSERT_TRUE(srv.ok()) << srv.status().to_string();
-  DonorClientOptions co;
-  co.server = {addr, (*srv)->port()};
-  co.token = o.token;
-  co.io_timeout_ms = 5000;
-  auto session = DonorSession::connect(co);
-  ASSERT_TRUE(session.ok()) << session.status().to_string();
+  auto donor = LocalDonor::start(o, /*io_timeout_ms=*/5000);
+  ASSERT_TRUE(donor.ok()) << donor.status().to_string();
+  DonorSession* session = (*donor)->session();
   {
     auto vt = VerbsTransport::create();
     ASSERT_TRUE(vt.ok()) << vt.status().to_string();
     VerbsTransport& transport = **vt;
-    Status st = transport.add_server(0, session->get());
+    Status st = transport.add_server(0, session);
     ASSERT_TRUE(st.ok()) << st.to_string();
-    DonorSessionSlabSource src(0, session->get());
+    DonorSessionSlabSource src(0, session);
     const size_t budget_pages = 512, region_pages = 10 * budget_pages;
     PagerConfig c;
     c.local_budget = budget_pages * kPage;
@@ -80,32 +72,8 @@ TEST(PagerVerbsTest, IntegrityAgainstRealDonor) {
     VP& p = **pr;
     auto* mem = static_cast<uint8_t*>(p.base());
     std::vector<uint8_t> ref(region_pages * kPage, 0);
-    const int threads = 2, ops = 6000;
-    std::vector<std::thread> ts;
-    std::atomic<uint64_t> mismatches{0};
-    for (int t = 0; t < threads; ++t) {
-      ts.emplace_back([&, t] {
-        std::mt19937_64 rng(77 + t);
-        // Each thread owns every threads-th page, so the reference copy
-        // needs no lock.
-        const size_t mine = region_pages / threads;
-        for (int i = 0; i < ops / threads; ++i) {
-          size_t pg = (rng() % mine) * threads + t;
-          size_t off = pg * kPage + (rng() % (kPage / 8)) * 8;
-          if (rng() % 2) {
-            if (memcmp(mem + pg * kPage, ref.data() + pg * kPage, kPage) != 0) ++mismatches;
-          } else {
-            uint64_t v;
-            memcpy(&v, mem + off, 8);
-            v = v * 31 + rng();
-            memcpy(mem + off, &v, 8);
-            memcpy(ref.data() + off, &v, 8);
-          }
-        }
-      });
-    }
-    for (auto& th : ts) th.join();
-    EXPECT_EQ(mismatches.load(), 0u);
+    const IntegrityWorkload w{.threads = 2, .ops = 6000, .seed = 77};
+    EXPECT_EQ(testing::run_integrity_workload(mem, ref, region_pages, w), 0u);
     EXPECT_EQ(memcmp(mem, ref.data(), ref.size()), 0);
     PagerStats s = p.stats();
     EXPECT_LE(s.resident_peak_bytes, budget_pages * kPage + VP::kSlackBytes);
@@ -113,13 +81,12 @@ TEST(PagerVerbsTest, IntegrityAgainstRealDonor) {
     EXPECT_GT(s.faults_remote, 2 * budget_pages) << s.to_string();
     // The pages went over verbs, not the control connection: the donor
     // served no tcp READ/WRITE bytes for this session.
-    auto ds = (*session)->stats();
+    auto ds = session->stats();
     ASSERT_TRUE(ds.ok()) << ds.status().to_string();
     EXPECT_EQ(ds->reads, 0u) << "pages were read over the tcp data path";
     EXPECT_EQ(ds->writes, 0u) << "pages were written over the tcp data path";
     EXPECT_GT(ds->leased, 0u);
   }
-  (*srv)->stop();
 }
 
 TEST(FarRuntimeVerbsTest, AutoPicksVerbsAndTheHeapWorks) {
