@@ -40,7 +40,32 @@ struct ToolRun {
 };
 
 // Runs farmemctl with `args`; as_uid >= 0 switches to that uid first.
+// The farmemctl binary as another uid can run it: the build tree may sit in
+// a directory only root can enter (a CI clone under mktemp -d is 0700), so
+// the unprivileged runs use a copy in a fresh world-readable directory.
+const char* farmemctl_for_other_users() {
+  static std::string path = [] {
+    char dir[] = "/tmp/farmemctl-bin-XXXXXX";
+    if (!mkdtemp(dir) || chmod(dir, 0755) != 0) return std::string(FARMEMCTL_PATH);
+    std::string to = std::string(dir) + "/farmemctl";
+    std::ifstream src(FARMEMCTL_PATH, std::ios::binary);
+    std::ofstream dst(to, std::ios::binary);
+    dst << src.rdbuf();
+    dst.close();
+    if (!dst || chmod(to.c_str(), 0755) != 0) return std::string(FARMEMCTL_PATH);
+    static std::string copy_dir;
+    copy_dir = dir;
+    std::atexit([] {
+      unlink((copy_dir + "/farmemctl").c_str());
+      rmdir(copy_dir.c_str());
+    });
+    return to;
+  }();
+  return path.c_str();
+}
+
 ToolRun farmemctl(const std::vector<std::string>& args, int as_uid = -1) {
+  const char* bin = as_uid >= 0 ? farmemctl_for_other_users() : FARMEMCTL_PATH;
   char errpath[] = "/tmp/farmemctl-err-XXXXXX";
   int errfd = mkstemp(errpath);
   int p[2];
@@ -55,10 +80,10 @@ ToolRun farmemctl(const std::vector<std::string>& args, int as_uid = -1) {
         (setresgid(as_uid, as_uid, as_uid) != 0 || setresuid(as_uid, as_uid, as_uid) != 0))
       _exit(99);
     std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(FARMEMCTL_PATH));
+    argv.push_back(const_cast<char*>(bin));
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    execv(FARMEMCTL_PATH, argv.data());
+    execv(bin, argv.data());
     _exit(98);
   }
   close(p[1]);
