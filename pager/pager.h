@@ -1152,13 +1152,15 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
           return Outcome::kDone;
         }
         if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kProtecting))) continue;
+        // Counted before the ioctl that wakes the thread: a thread that
+        // faulted finds its fault in the statistics.
+        counters_.bump(counters_.faults_wp);
         int err = 0;
         if (uffd_.write_protect(block_addr(b), block_, false, &err) != Errc::kOk) {
           fatal("pager: un-write-protecting block %u at %p failed: %s", b,
                 static_cast<void*>(block_addr(b)), strerror(err));
         }
         pt_.finish(b, PageTable::with_state(w | PageTable::kDirty, PageState::kPresent));
-        counters_.bump(counters_.faults_wp);
         return Outcome::kDone;
       }
       case PageState::kEmpty: {
@@ -1167,8 +1169,8 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
           unreserve();
           continue;
         }
+        counters_.bump(counters_.faults_zero);  // before the wake, as above
         install_mapped(b, zero_.ptr, write, 0);
-        counters_.bump(counters_.faults_zero);
         return Outcome::kDone;
       }
       case PageState::kRemote: {
@@ -1215,11 +1217,11 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
         }
         const uint32_t slot = PageTable::slot_of(w);
         const bool was_prefetched = (w & PageTable::kPrefetched) != 0;
+        counters_.bump(counters_.faults_victim);  // before the wake, as above
+        if (was_prefetched) counters_.bump(counters_.prefetch_used);
         bool moved = use_move_ && promote_by_move(b, slot, write, w);
         if (!moved) install_mapped(b, slot_addr(slot), write, w);
         free_slot(slot, moved);
-        counters_.bump(counters_.faults_victim);
-        if (was_prefetched) counters_.bump(counters_.prefetch_used);
         if (cfg_.prefetch) prefetch_after(h, b, was_prefetched);
         return Outcome::kDone;
       }
@@ -1300,11 +1302,11 @@ void Pager<B>::complete(Handler& h, const IoCompletion& c) {
     if (c.status != Errc::kOk && retry_read(h, f, c.status)) return;
     --h.demand_outstanding;
     if (c.status != Errc::kOk) lost_page(f.block, c.status);  // invariant 6
+    counters_.bump(counters_.faults_remote);                  // before the wake, as above
+    counters_.bump(counters_.bytes_read, block_);
     install_mapped(f.block, h.staging.ptr + uint64_t{f.buf} * block_, f.write, 0);
     h.free_staging.push_back(f.buf);
     counters_.record_latency_ns(pager_detail::now_ns() - f.t0);
-    counters_.bump(counters_.faults_remote);
-    counters_.bump(counters_.bytes_read, block_);
     return;
   }
   if (c.status != Errc::kOk) {
