@@ -87,17 +87,35 @@ void expect_snapshots_released(P& p) {
       GTEST_SKIP() << "no UFFD_FEATURE_EVENT_FORK for this process (CAP_SYS_PTRACE)"; \
   } while (0)
 
+// Most tests: a loopback pager of `budget` pages over a region of `pages`,
+// every page written with `version`. After start() the test returns when
+// IsSkipped() (no userfaultfd, or no fork events for this process).
+class PagerForkTest : public ::testing::Test {
+ protected:
+  void start(size_t budget, size_t region_pages, uint64_t version) {
+    FARMEM_SKIP_WITHOUT_UFFD();
+    p_ = &rig_.start(small_config(budget, region_pages));
+    FARMEM_SKIP_WITHOUT_FORK_EVENTS(*p_);
+    pages_ = region_pages;
+    mem_ = written_region(*p_, pages_, version);
+  }
+
+  LoopbackRig rig_;
+  P* p_ = nullptr;
+  uint8_t* mem_ = nullptr;
+  size_t pages_ = 0;
+};
+
 // The main case: region 10x the budget with pattern A, fork; the parent
 // rewrites everything with B and forces eviction while the child checks A
 // everywhere and writes C; the parent then still reads B, and the frozen
 // units go once the child is gone.
-TEST(PagerForkTest, ChildSeesSnapshotParentKeepsItsWrites) {
-  FARMEM_SKIP_WITHOUT_UFFD();
-  LoopbackRig rig;
-  const size_t budget = 256, pages = 2560;
-  P& p = rig.start(small_config(budget, pages));
-  FARMEM_SKIP_WITHOUT_FORK_EVENTS(p);
-  uint8_t* mem = written_region(p, pages, /*A=*/1);
+TEST_F(PagerForkTest, ChildSeesSnapshotParentKeepsItsWrites) {
+  start(/*budget=*/256, /*pages=*/2560, /*A=*/1);
+  if (IsSkipped()) return;
+  P& p = *p_;
+  uint8_t* mem = mem_;
+  const size_t pages = pages_;
   const PagerStats before = p.stats();
   ASSERT_GT(before.evictions_dirty, pages / 2) << before.to_string();  // most of A is remote
 
@@ -114,13 +132,12 @@ TEST(PagerForkTest, ChildSeesSnapshotParentKeepsItsWrites) {
 
 // A grandchild (the child forks) shares the child's snapshot: it reads A
 // where the child did not write, and the child's own writes elsewhere.
-TEST(PagerForkTest, NestedForkInheritsSnapshot) {
-  FARMEM_SKIP_WITHOUT_UFFD();
-  LoopbackRig rig;
-  const size_t budget = 128, pages = 1024;
-  P& p = rig.start(small_config(budget, pages));
-  FARMEM_SKIP_WITHOUT_FORK_EVENTS(p);
-  uint8_t* mem = written_region(p, pages, 1);
+TEST_F(PagerForkTest, NestedForkInheritsSnapshot) {
+  start(128, 1024, 1);
+  if (IsSkipped()) return;
+  P& p = *p_;
+  uint8_t* mem = mem_;
+  const size_t pages = pages_;
   pid_t pid = fork_with_snapshot(p);
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -144,14 +161,13 @@ TEST(PagerForkTest, NestedForkInheritsSnapshot) {
 
 // Forks while another parent thread keeps faulting (remote reads, prefetch,
 // eviction in flight): every child still sees the whole region intact.
-TEST(PagerForkTest, ForkWhileAnotherThreadFaults) {
-  FARMEM_SKIP_WITHOUT_UFFD();
-  LoopbackRig rig;
-  const size_t budget = 128, pages = 1536;
-  P& p = rig.start(small_config(budget, pages));
-  FARMEM_SKIP_WITHOUT_FORK_EVENTS(p);
-  uint8_t* mem = written_region(p, pages, 7);
-  rig.donor.set_faults({.latency_us = 30, .jitter_us = 30, .reorder = true});
+TEST_F(PagerForkTest, ForkWhileAnotherThreadFaults) {
+  start(128, 1536, 7);
+  if (IsSkipped()) return;
+  P& p = *p_;
+  uint8_t* mem = mem_;
+  const size_t pages = pages_;
+  rig_.donor.set_faults({.latency_us = 30, .jitter_us = 30, .reorder = true});
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> reads{0};
   std::thread reader([&] {
@@ -172,7 +188,7 @@ TEST(PagerForkTest, ForkWhileAnotherThreadFaults) {
   }
   stop.store(true);
   reader.join();
-  rig.donor.set_faults({});
+  rig_.donor.set_faults({});
   EXPECT_GT(reads.load(), 0u);
   EXPECT_EQ(first_bad_page(mem, pages, 7), pages);
   expect_snapshots_released(p);
@@ -180,27 +196,21 @@ TEST(PagerForkTest, ForkWhileAnotherThreadFaults) {
 
 // Parent teardown with a live child: the child gets every snapshot block
 // before the pager lets it go, and keeps reading them after.
-TEST(PagerForkTest, ParentTeardownFillsLiveChild) {
-  FARMEM_SKIP_WITHOUT_UFFD();
+TEST_F(PagerForkTest, ParentTeardownFillsLiveChild) {
+  start(128, 1024, 4);
+  if (IsSkipped()) return;
   int go[2];
   ASSERT_EQ(pipe(go), 0);
-  const size_t budget = 128, pages = 1024;
-  pid_t pid = -1;
-  {
-    LoopbackRig rig;
-    P& p = rig.start(small_config(budget, pages));
-    FARMEM_SKIP_WITHOUT_FORK_EVENTS(p);
-    uint8_t* mem = written_region(p, pages, 4);
-    pid = fork_with_snapshot(p);
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      close(go[1]);
-      char c;
-      if (read(go[0], &c, 1) != 0) _exit(30);  // EOF: the parent's pager is gone
-      child_check(mem, pages, 4, 6);
-    }
-    close(go[0]);
-  }  // ~Pager: fills the child, closes its uffd
+  pid_t pid = fork_with_snapshot(*p_);
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(go[1]);
+    char c;
+    if (read(go[0], &c, 1) != 0) _exit(30);  // EOF: the parent's pager is gone
+    child_check(mem_, pages_, 4, 6);
+  }
+  close(go[0]);
+  rig_.pager.reset();  // ~Pager: fills the child, closes its uffd
   close(go[1]);
   EXPECT_EQ(wait_child(pid), 0);
 }
@@ -210,13 +220,12 @@ TEST(PagerForkTest, ParentTeardownFillsLiveChild) {
 // UFFD_EVENT_FORK, and fork_parent() must find that out without being told
 // (errno is not read): the snapshot is dropped at once, no unit stays
 // frozen, and the next real fork gets a complete snapshot.
-TEST(PagerForkTest, FailedForkDropsSnapshot) {
-  FARMEM_SKIP_WITHOUT_UFFD();
-  LoopbackRig rig;
-  const size_t budget = 128, pages = 1024;
-  P& p = rig.start(small_config(budget, pages));
-  FARMEM_SKIP_WITHOUT_FORK_EVENTS(p);
-  uint8_t* mem = written_region(p, pages, 3);
+TEST_F(PagerForkTest, FailedForkDropsSnapshot) {
+  start(128, 1024, 3);
+  if (IsSkipped()) return;
+  P& p = *p_;
+  uint8_t* mem = mem_;
+  const size_t pages = pages_;
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(p.prepare_fork().ok());
     EXPECT_GT(p.fork_frozen_units(), 0u);  // the snapshot references the evicted blocks
@@ -243,13 +252,12 @@ TEST(PagerForkTest, FailedForkDropsSnapshot) {
 // waited for) the UFFD_EVENT_FORK by then (userfaultfd(2), BUGS: "spurious
 // UFFD_EVENT_FORK"): the snapshot is adopted by a child that never ran, and
 // must be released by the probe (its descriptor fails with ESRCH).
-TEST(PagerForkTest, SpuriousForkEventOfFailedForkIsReleased) {
-  FARMEM_SKIP_WITHOUT_UFFD();
-  LoopbackRig rig;
-  const size_t budget = 128, pages = 1024;
-  P& p = rig.start(small_config(budget, pages));
-  FARMEM_SKIP_WITHOUT_FORK_EVENTS(p);
-  uint8_t* mem = written_region(p, pages, 9);
+TEST_F(PagerForkTest, SpuriousForkEventOfFailedForkIsReleased) {
+  start(128, 1024, 9);
+  if (IsSkipped()) return;
+  P& p = *p_;
+  uint8_t* mem = mem_;
+  const size_t pages = pages_;
   int not_cgroup = open("/dev/null", O_RDONLY | O_CLOEXEC);
   ASSERT_GE(not_cgroup, 0);
   clone_args args{};
