@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -248,6 +249,21 @@ Errc Uffd::write_protect(void* addr, size_t len, bool protect, int* err) noexcep
   }
 }
 
+namespace {
+// How many leading 4 KiB pages of [src, src+len) are gone from src and
+// present at dst (mincore: resident or not), i.e. were moved.
+size_t moved_pages_prefix(char* dst, char* src, size_t len) noexcept {
+  constexpr size_t kPg = 4096;
+  size_t n = 0;
+  for (; n < len; n += kPg) {
+    unsigned char s = 0, d = 0;
+    if (mincore(src + n, kPg, &s) != 0 || mincore(dst + n, kPg, &d) != 0) break;
+    if ((s & 1) != 0 || (d & 1) == 0) break;
+  }
+  return n;
+}
+}  // namespace
+
 Errc Uffd::move(void* dst, void* src, size_t len, bool wake, int* err) noexcept {
   char* const dst0 = static_cast<char*>(dst);
   char* const src0 = static_cast<char*>(src);
@@ -265,6 +281,22 @@ Errc Uffd::move(void* dst, void* src, size_t len, bool wake, int* err) noexcept 
     // the rest is retried so that a block is never left split.
     if (e == EAGAIN && done < len) continue;
     if (e == EAGAIN) return Errc::kOk;
+    // Seen on Linux 6.18 under load (WP_ASYNC demotions, a 4 KiB block into
+    // a slot just dropped with MADV_DONTNEED): EEXIST with move = -EEXIST,
+    // yet the page had left src and was mapped at dst. Taking that for
+    // "nothing moved" left the pager's block Present and unmapped: its
+    // faults were woken forever and the next demotion's snapshot waited on
+    // itself (hang). Pages gone from src and present at dst were moved: the
+    // callers own both ranges, nothing else moves them.
+    if (e == EEXIST) {
+      const size_t extra = moved_pages_prefix(dst0 + done, src0 + done, len - done);
+      if (extra > 0) {
+        if (wake) (void)this->wake(dst0 + done, extra);
+        done += extra;
+        if (done == len) return Errc::kOk;
+        continue;
+      }
+    }
     if (err) *err = e;
     // A block moved in part (a later page was pinned or shared): the moved
     // pages go back so that the caller sees all or nothing. They are ours

@@ -393,8 +393,11 @@ TEST_F(DonorClientTest, LeasesReleasedOnCloseAndLaterRequestsFailClearly) {
 TEST_F(DonorClientTest, LeasesReleasedOnMissedHeartbeats) {
   server_.reset();
   DonorOptions o = donor_options();
+  // 20 heartbeats per grace period: the heartbeating session must survive
+  // a thread descheduled for a few hundred ms (ASan, ctest -j2 on a loaded
+  // 2-core machine); with 4 per period (grace 200 ms) a 150 ms stall expired it.
   o.heartbeat_ms = 50;
-  o.grace_ms = 200;
+  o.grace_ms = 1000;
   start(o);
 
   DonorClientOptions silent_opts = client_options();
@@ -408,9 +411,9 @@ TEST_F(DonorClientTest, LeasesReleasedOnMissedHeartbeats) {
   EXPECT_EQ(server_->stats().leased, 3 * kSlab);
 
   // The silent one expires; the one with heartbeats keeps its slab.
-  EXPECT_TRUE(eventually([&] { return server_->stats().leased == kSlab; }))
+  EXPECT_TRUE(eventually([&] { return server_->stats().leased == kSlab; }, 20000))
       << server_->stats().leased;
-  EXPECT_TRUE(eventually([&] { return server_->stats().sessions_expired == 1; }));
+  EXPECT_TRUE(eventually([&] { return server_->stats().sessions_expired == 1; }, 20000));
   auto l = silent->lease(kSlab);
   ASSERT_FALSE(l.ok());
   EXPECT_EQ(l.status().code(), Errc::kUnavailable) << l.status().to_string();
@@ -420,7 +423,7 @@ TEST_F(DonorClientTest, LeasesReleasedOnMissedHeartbeats) {
 
   // Several grace periods later the heartbeating session still holds its
   // slab and can use it.
-  std::this_thread::sleep_for(std::chrono::milliseconds(3 * o.grace_ms));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2 * o.grace_ms));
   auto st = alive->stats();
   ASSERT_TRUE(st.ok()) << st.status().to_string();
   EXPECT_EQ(st->leased, kSlab);
