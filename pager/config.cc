@@ -97,6 +97,11 @@ Status PagerConfig::validate() const {
     return make_error(Errc::kInvalidArgument, "prefetch window %u: at most 256 blocks",
                       prefetch_max_window);
   }
+  if (zero_fault_around > 64) {
+    return make_error(Errc::kInvalidArgument,
+                      "zero-fill fault-around %u: at most 64 blocks (0 turns it off)",
+                      zero_fault_around);
+  }
   if (staging_blocks > 256) {
     return make_error(Errc::kInvalidArgument, "staging blocks %u: at most 256", staging_blocks);
   }
@@ -136,6 +141,16 @@ Result<PagerConfig> PagerConfig::from_env(PagerConfig c) {
     auto r = parse_wp_async(v);
     if (!r.ok()) return r.status();
     c.wp_async = *r;
+  }
+  if (const char* v = getenv("FARMEM_ZERO_AROUND")) {
+    auto r = parse_uint(v, "FARMEM_ZERO_AROUND", 0, 64);
+    if (!r.ok()) return r.status();
+    c.zero_fault_around = static_cast<uint32_t>(*r);
+  }
+  if (const char* v = getenv("FARMEM_ZERO_AROUND_WRITABLE")) {
+    auto r = parse_uint(v, "FARMEM_ZERO_AROUND_WRITABLE", 0, 1);
+    if (!r.ok()) return r.status();
+    c.zero_around_writable = *r == 1;
   }
   FARMEM_RETURN_IF_ERROR(c.validate());
   return c;

@@ -14,6 +14,8 @@
 //   FARMEM_PREFETCH        0 / 1
 //   FARMEM_UFFD_MOVE       auto / on / off: UFFDIO_MOVE for victim-cache traffic
 //   FARMEM_WP_ASYNC        auto / on / off: UFFD_FEATURE_WP_ASYNC + PAGEMAP_SCAN dirty tracking
+//   FARMEM_ZERO_AROUND     0..64: zero-fill fault-around run limit in blocks (0 = off)
+//   FARMEM_ZERO_AROUND_WRITABLE  0 / 1: blocks mapped ahead of a write fault writable + dirty
 #pragma once
 
 #include <cstdint>
@@ -70,6 +72,18 @@ struct PagerConfig {
   // here (bench/pager_bench.cc BM_RandomRMW / BM_SeqScan; figures in
   // pager.h, "WP_ASYNC"). FARMEM_WP_ASYNC=auto turns it on where present.
   WpAsyncMode wp_async = WpAsyncMode::kOff;
+  // Zero-fill fault-around (pager.h "Zero-fill fault-around"): when a zero
+  // fault follows the previous one's run, up to this many further
+  // never-written blocks are mapped by the same ioctl (the run doubles from
+  // 2 up to it, and restarts at a non-sequential fault; capped at 256 KiB
+  // per ioctl and by the budget's headroom). 0 turns it off.
+  uint32_t zero_fault_around = 32;
+  // Blocks mapped ahead of a WRITE zero fault: writable and dirty (true: a
+  // sequential writer takes no fault on them; one it never writes is
+  // written back as zeros when evicted), or write-protected and clean
+  // (false: its first write still costs a WP fault). Read faults always map
+  // them write-protected and clean.
+  bool zero_around_writable = true;
 
   Status validate() const;
   // Overrides fields from FARMEM_* variables; a bad value is an error that

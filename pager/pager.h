@@ -20,7 +20,36 @@
 //     woken by that one copy;
 //   * write to a clean (write-protected) block: WP fault -> dirty, unprotect
 //     (with WP_ASYNC, below: no fault at all, the kernel lets it through);
-//   * victim-cache block (evicted but still local): UFFDIO_COPY from its slot.
+//   * victim-cache block (evicted but still local): UFFDIO_COPY from its slot
+//     (writable + dirty for a write fault, as above).
+//
+// Zero-fill fault-around (config.zero_fault_around, FARMEM_ZERO_AROUND):
+// first touches usually walk forward (memset, a growing buffer, a sort's
+// run). A zero fault on the block right after the previous zero fault's
+// run (8 streams remembered, shared by the handlers) also maps the
+// never-written blocks after it, in the same UFFDIO_COPY: 2 the first time,
+// doubling up to the limit (32; at most 256 KiB per ioctl), back to the
+// faulting block alone at a fault that continues no stream. Only a
+// contiguous run of Empty blocks, each taken Empty -> Fetching like a zero
+// fault, and only within the headroom below the high watermark (a guess
+// never wakes the evictor nor takes a demand fault's room). A read fault
+// maps the run write-protected and clean; a write fault maps it writable
+// and dirty (config.zero_around_writable), so that a sequential writer
+// takes one fault per run instead of one per block. A block mapped so and
+// never written costs no I/O: demotion finds a dirty block with no remote
+// copy all-zero (clean_if_zero(), a scan of the just-copied slot that stops
+// at the first non-zero word) and drops it back to Empty. Counted in
+// zero_around (blocks mapped ahead) and zero_cleaned.
+// Measured (bench/preload_overhead.sh --reps 3, loopback, 2 cores at load
+// average 7-13, so wall and CPU ratios moved by +-0.3 between identical
+// runs and decide nothing): zero faults sort 15770 -> 9138 (its line
+// pointers fill its buffer downwards, which no stream detects yet: the
+// next thing to add), python 21837 -> 4162; mapping ahead of a write
+// write-protected instead (FARMEM_ZERO_AROUND_WRITABLE=0) adds a WP fault
+// per block then written (sort: 9156 zero + 6614 WP, no gain over 15770;
+// writable: 9111 zero + 0 WP), so writable is kept. The all-zero check
+// costs 0.14-0.32 us per all-zero 4 KiB block (cache-hot, same machine),
+// only for dirty blocks never written back.
 //
 // Fault-path cost (cold remote fault, loopback, 4 KiB, one handler; handler
 // CPU from read() of the uffd event to the UFFDIO_COPY that wakes the
@@ -53,14 +82,18 @@
 //
 // Residency and replacement. Resident blocks are on the active list (FIFO
 // order of mapping). The evictor thread wakes when resident > high watermark
-// and works down to the low one: it demotes the oldest active blocks into
-// victim slots (write-protect if dirty, copy, MADV_DONTNEED), and drops the
-// oldest victims: clean ones without I/O, dirty ones after a batched WRITE
-// from the slot completed (invariant 1). A WRITE failing with a retryable
-// error keeps its block dirty in the victim cache and the evictor backs off
-// before its next round (100 us doubling to 10 ms, reset by a clean round),
-// so that a struggling donor is not hammered. A fault on a victim maps it back
-// without I/O and puts it at the head of the active list: that re-fault is
+// and works down to the low one under fault pressure (faults waiting for
+// budget); without it, it keeps only two write-back batches of headroom
+// (starts one batch below the budget, stops two below), so that a working
+// set that nearly fits is not pushed out and faulted back; the headroom
+// adapts between the two (evictor_main()). It demotes
+// the oldest active blocks into victim slots (write-protect if dirty, copy,
+// MADV_DONTNEED; as many as keep the victim cache at its adaptive target,
+// see adapt_victims()), and drops the oldest victims: clean ones without I/O, dirty ones after a
+// batched WRITE from the slot completed (invariant 1). A WRITE failing with a retryable error keeps
+// its block dirty in the victim cache and the evictor backs off before its next round (100 us
+// doubling to 10 ms, reset by a clean round), so that a struggling donor is not hammered. A fault
+// on a victim maps it back without I/O and puts it at the head of the active list: that re-fault is
 // the access information user space otherwise lacks (second chance through a
 // local victim cache; see replacement_sim.h for the measured hit ratios).
 // "resident" counts mapped blocks, occupied slots and fetches in flight;
@@ -196,6 +229,7 @@
 #include "pager/page_table.h"
 #include "pager/prefetch.h"
 #include "pager/remote_map.h"
+#include "pager/replacement_sim.h"
 #include "pager/replicator.h"
 #include "pager/stats.h"
 #include "pager/uffd.h"
@@ -340,6 +374,19 @@ class Pager {
   // The pin limit: the low watermark minus a reserve of max(budget / 4, 16
   // blocks) for demand faults, the victim cache and prefetch.
   uint64_t pin_limit_bytes() const { return static_cast<uint64_t>(pin_limit_blocks_) * block_; }
+  // The victim cache's current target (see "Adaptive victim cache"): between
+  // victim_min_bytes() and config.victim_fraction of the budget.
+  uint64_t victim_target_bytes() const {
+    return victim_cur_.load(std::memory_order_relaxed) * block_;
+  }
+  uint64_t victim_min_bytes() const { return victim_min_ * block_; }
+  // True while the evictor keeps more headroom than its minimum of two
+  // write-back batches (faults waited lately; see evictor_main()). Tests.
+  bool eviction_pressure() const {
+    const int64_t min_h =
+        std::min<int64_t>(budget_blocks_ - low_blocks_, 2 * int64_t{cfg_.writeback_batch});
+    return headroom_.load(std::memory_order_relaxed) > min_h;
+  }
   uint64_t pinned_bytes() const {
     return static_cast<uint64_t>(pinned_.load(std::memory_order_relaxed)) * block_;
   }
@@ -416,6 +463,21 @@ class Pager {
   void complete(Handler& h, const IoCompletion& c);
   void prefetch_after(Handler& h, uint32_t b, bool hit);
   void install_mapped(uint32_t b, const void* src, bool write, uint32_t flags_keep);
+  // Zero-fill fault-around (see "Zero-fill fault-around" above).
+  // After the zero fault on b (owned, Fetching): how many blocks after b to
+  // map with it (the stream's window), and takes them (Empty -> Fetching,
+  // budget reserved); returns how many it took (0 .. window).
+  uint32_t zero_around_claim(uint32_t b);
+  // Maps [b, b + 1 + extra) (all owned, Fetching) as zeros; b writable and
+  // dirty for a write fault, the others as config.zero_around_writable says.
+  void install_zero_run(uint32_t b, uint32_t extra, bool write);
+  // Demotion, after the block's bytes were copied to its slot (the block
+  // is owned and write-protected or unmapped, so they are final): a dirty
+  // block that has no remote copy and holds only zeros is the same as a
+  // never-written one, so w comes back without kDirty and the block goes
+  // back to Empty without I/O or remote space (a block mapped writable
+  // ahead of a write fault and never written). Otherwise w unchanged.
+  uint32_t clean_if_zero(uint32_t b, uint32_t slot, uint32_t w);
   bool promote_by_move(uint32_t b, uint32_t slot, bool write, uint32_t w);
   bool move_out(uint32_t b, uint32_t slot);
   Status setup_move();
@@ -439,7 +501,8 @@ class Pager {
 
   // Evictor.
   void evictor_main();
-  size_t evict_round();
+  size_t evict_round(int64_t floor);
+  void adapt_victims();
   size_t demote_batch(size_t max);
   size_t drop_victims(size_t max);
   size_t writeback_done(const IoCompletion& c);
@@ -455,8 +518,32 @@ class Pager {
   PageTable pt_;
   uint64_t n_blocks_ = 0;
   int64_t budget_blocks_ = 0, high_blocks_ = 0, low_blocks_ = 0;
-  uint64_t victim_target_ = 0;
+  uint64_t victim_target_ = 0;  // the largest victim cache (config.victim_fraction)
+  // Adaptive victim cache: the smallest target, the current one (written by
+  // the evictor only, read by tests), and the evictor's counter snapshots at
+  // the start of the current epoch (adapt_victims()).
+  uint64_t victim_min_ = 0;
+  std::atomic<uint64_t> victim_cur_{0};
+  uint64_t ctl_victim0_ = 0, ctl_used0_ = 0, ctl_remote0_ = 0, ctl_waited0_ = 0;
+  // The evictor's headroom below the budget (blocks; evictor_main()):
+  // written by the evictor, read by tests. It halves after each
+  // kPressureNs without a fault that waited.
+  std::atomic<int64_t> headroom_{0};
+  // Failed reserve()s: a fault (or prefetch) found the budget full.
+  std::atomic<uint64_t> budget_full_{0};
+  static constexpr uint64_t kPressureNs = 100ull * 1000 * 1000;
   int64_t prefetch_limit_ = 0;
+  // Zero-fill fault-around: the largest run after the faulting block
+  // (config, capped so that one run is at most 256 KiB), and the recent
+  // first-touch streams, each {next block expected + 1 (low 32 bits),
+  // window (high 32)}; shared by the handlers, updated with relaxed atomics
+  // (a lost update only costs a shorter run: the page table decides who
+  // maps a block).
+  uint32_t zero_around_max_ = 0;
+  static constexpr size_t kZeroStreams = 8;
+  static constexpr uint32_t kZeroAroundMaxBytes = 256u << 10;
+  std::atomic<uint64_t> zero_streams_[kZeroStreams] = {};
+  std::atomic<uint32_t> zero_stream_next_{0};
   uint32_t n_slots_ = 0;
   uint32_t staging_blocks_ = 0;
   bool use_move_ = false;
@@ -604,6 +691,14 @@ Status Pager<B>::init() {
   prefetch_limit_ = budget_blocks_ - std::max<int64_t>(4, (budget_blocks_ - high_blocks_) / 2);
   victim_target_ =
       static_cast<uint64_t>(cfg_.victim_fraction * static_cast<double>(budget_blocks_));
+  // Start small: a working set that fits (or nearly) never pays for a large
+  // victim cache; thrashing grows it within a few epochs. Not below a
+  // write-back batch plus, with prefetch, one prefetch window: prefetched
+  // blocks wait in the victim cache, and a smaller one drops them unused.
+  victim_min_ = std::min<uint64_t>(victim_target_,
+                                   std::max<uint64_t>(16, cfg_.writeback_batch) +
+                                       (cfg_.prefetch ? uint64_t{cfg_.prefetch_max_window} : 0));
+  victim_cur_.store(victim_min_, std::memory_order_relaxed);
   pin_limit_blocks_ = std::max<int64_t>(0, low_blocks_ - std::max<int64_t>(budget_blocks_ / 4, 16));
   uint64_t slots = victim_target_ + 2ull * cfg_.writeback_batch +
                    (cfg_.prefetch ? uint64_t{cfg_.handler_threads} * cfg_.prefetch_max_window : 0) +
@@ -614,7 +709,12 @@ Status Pager<B>::init() {
   FARMEM_RETURN_IF_ERROR(slots_.map(uint64_t{n_slots_} * block_, 4096, false, "victim cache"));
   FARMEM_RETURN_IF_ERROR(setup_move());
   FARMEM_RETURN_IF_ERROR(setup_wp_async());
-  FARMEM_RETURN_IF_ERROR(zero_.map(block_, 4096, false, "zero block"));
+  // The zero source of zero faults, fault-around runs included. Never
+  // written, so it costs no memory (reads map the kernel's zero page).
+  zero_around_max_ = std::min<uint32_t>(cfg_.zero_fault_around, kZeroAroundMaxBytes / block_ - 1);
+  if (kZeroAroundMaxBytes / block_ < 2) zero_around_max_ = 0;
+  FARMEM_RETURN_IF_ERROR(
+      zero_.map(uint64_t{block_} * (1 + zero_around_max_), 4096, false, "zero block"));
   FARMEM_RETURN_IF_ERROR(transport_->register_buffer(slots_.ptr, uint64_t{n_slots_} * block_));
   registered_.push_back(slots_.ptr);
   free_slots_.reserve(n_slots_);
@@ -887,6 +987,8 @@ bool Pager<B>::reserve() {
       return true;
     }
   }
+  // The budget is full: the evictor's pressure signal (evictor_main()).
+  budget_full_.fetch_add(1, std::memory_order_relaxed);
   kick_evictor();
   return false;
 }
@@ -1080,6 +1182,107 @@ void Pager<B>::install_mapped(uint32_t b, const void* src, bool write, uint32_t 
 }
 
 template <TransportBackend B>
+uint32_t Pager<B>::zero_around_claim(uint32_t b) {
+  // Streams are keyed by the block they expect next (+ 1, so that 0 is a
+  // free entry): a fault there continues the stream, any other starts one.
+  const uint64_t key = uint64_t{b} + 1;
+  size_t hit = kZeroStreams;
+  uint64_t window = 0;
+  for (size_t i = 0; i < kZeroStreams; ++i) {
+    const uint64_t v = zero_streams_[i].load(std::memory_order_relaxed);
+    if ((v & 0xffffffffu) == key) {
+      hit = i;
+      window = v >> 32;
+      break;
+    }
+  }
+  if (hit == kZeroStreams) {
+    // Not sequential: b alone, and a stream expecting b + 1 (window 1, so
+    // that its first continuation maps 2 ahead).
+    const size_t i = zero_stream_next_.fetch_add(1, std::memory_order_relaxed) % kZeroStreams;
+    zero_streams_[i].store((uint64_t{1} << 32) | (key + 1), std::memory_order_relaxed);
+    return 0;
+  }
+  window = std::min<uint64_t>(std::max<uint64_t>(window * 2, 2), zero_around_max_);
+  uint64_t n = std::min<uint64_t>(window, n_blocks_ - 1 - b);
+  // Budget: only the headroom below the high watermark, so that a guess
+  // never wakes the evictor nor takes the room a demand fault needs.
+  int64_t cur = resident_.load(std::memory_order_relaxed);
+  for (;;) {
+    const int64_t room = high_blocks_ - cur;
+    if (room <= 0 || n == 0) {
+      n = 0;
+      break;
+    }
+    const int64_t k = std::min<int64_t>(static_cast<int64_t>(n), room);
+    if (resident_.compare_exchange_weak(cur, cur + k, std::memory_order_relaxed)) {
+      n = static_cast<uint64_t>(k);
+      int64_t pk = peak_.load(std::memory_order_relaxed);
+      while (cur + k > pk && !peak_.compare_exchange_weak(pk, cur + k)) {
+      }
+      break;
+    }
+  }
+  // Only a contiguous run of never-written blocks: one ioctl maps it.
+  uint32_t got = 0;
+  while (got < n) {
+    const uint32_t c = b + 1 + got;
+    uint32_t w = pt_.load(c);
+    if (PageTable::state_of(w) != PageState::kEmpty ||
+        !pt_.try_transition(c, w, PageTable::make(PageState::kFetching, 0, 0))) {
+      break;
+    }
+    ++got;
+  }
+  if (got < n) unreserve(static_cast<int64_t>(n - got));
+  zero_streams_[hit].store((window << 32) | (key + got + 1), std::memory_order_relaxed);
+  return got;
+}
+
+template <TransportBackend B>
+void Pager<B>::install_zero_run(uint32_t b, uint32_t extra, bool write) {
+  const bool ahead_writable = write && cfg_.zero_around_writable;
+  int err = 0;
+  Errc e;
+  if (write && !ahead_writable) {
+    // The blocks ahead (write-protected; nobody waits on them) before b,
+    // whose copy wakes the faulting thread: it finds them mapped.
+    e = uffd_.copy(block_addr(b + 1), zero_.ptr, uint64_t{extra} * block_, true, &err);
+    if (e == Errc::kOk) e = uffd_.copy(block_addr(b), zero_.ptr, block_, false, &err);
+  } else {
+    e = uffd_.copy(block_addr(b), zero_.ptr, uint64_t{extra + 1} * block_, !ahead_writable, &err);
+  }
+  if (e != Errc::kOk) {
+    fatal(
+        "pager: UFFDIO_COPY of %u zero blocks at %p (block %u) failed: %s; the page table "
+        "and the mapping disagree",
+        extra + 1, static_cast<void*>(block_addr(b)), b, strerror(err));
+  }
+  {
+    std::lock_guard<std::mutex> lk(list_mu_);
+    for (uint32_t i = 0; i <= extra; ++i) active_.push_front(b + i);
+  }
+  pt_.finish(b, PageTable::make(PageState::kPresent, write ? PageTable::kDirty : 0, 0));
+  for (uint32_t i = 1; i <= extra; ++i) {
+    pt_.finish(b + i,
+               PageTable::make(PageState::kPresent, ahead_writable ? PageTable::kDirty : 0, 0));
+  }
+}
+
+template <TransportBackend B>
+uint32_t Pager<B>::clean_if_zero(uint32_t b, uint32_t slot, uint32_t w) {
+  if (!(w & PageTable::kDirty) || pt_.meta(b).remote != 0) return w;
+  // Cache-hot (just copied); a block with data fails on its first words.
+  const auto* p = reinterpret_cast<const uint64_t*>(slot_addr(slot));
+  for (size_t i = 0; i < block_ / 8; i += 8) {
+    if ((p[i] | p[i + 1] | p[i + 2] | p[i + 3] | p[i + 4] | p[i + 5] | p[i + 6] | p[i + 7]) != 0)
+      return w;
+  }
+  counters_.bump(counters_.zero_cleaned);
+  return w & ~PageTable::kDirty;
+}
+
+template <TransportBackend B>
 bool Pager<B>::promote_by_move(uint32_t b, uint32_t slot, bool write, uint32_t w) {
   // A clean block faulted by a read must come back write-protected (its
   // first write is how it becomes dirty); a moved page is writable, so
@@ -1169,8 +1372,14 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
           unreserve();
           continue;
         }
+        const uint32_t extra = zero_around_max_ > 0 ? zero_around_claim(b) : 0;
         counters_.bump(counters_.faults_zero);  // before the wake, as above
-        install_mapped(b, zero_.ptr, write, 0);
+        if (extra == 0) {
+          install_mapped(b, zero_.ptr, write, 0);
+        } else {
+          counters_.bump(counters_.zero_around, extra);
+          install_zero_run(b, extra, write);
+        }
         return Outcome::kDone;
       }
       case PageState::kRemote: {
@@ -1343,18 +1552,57 @@ void Pager<B>::complete(Handler& h, const IoCompletion& c) {
 template <TransportBackend B>
 void Pager<B>::evictor_main() {
   pthread_setname_np(pthread_self(), "fm-evict");
+  // Background eviction keeps headroom so that faults rarely wait, and the
+  // headroom has a price when the working set nearly fits: every block
+  // pushed out is faulted back in, which pushes resident over the trigger
+  // again (eval kv with the heap one block over the budget: 17k remote
+  // faults with the 97% / 92% watermarks). One round frees a write-back
+  // batch in well under the time the faults that fill it take, so the
+  // headroom starts at two batches (evict from one batch below the budget
+  // down to two below) and adapts to fault pressure: it doubles each time
+  // a fault found the budget full since the last look (budget_full_
+  // moved; not faults_waited, which also counts faults on busy blocks), up to the
+  // configured watermarks (start at high, stop at low), and halves after
+  // each kPressureNs without a wait. Small budgets, where two batches are
+  // more than the watermarks' gap, keep the watermarks.
+  const int64_t batch = static_cast<int64_t>(cfg_.writeback_batch);
+  const int64_t max_h = budget_blocks_ - low_blocks_;
+  const int64_t min_h = std::min<int64_t>(max_h, 2 * batch);
+  int64_t headroom = min_h;
+  uint64_t last_change = pager_detail::now_ns();
+  auto adapt_headroom = [&] {
+    const uint64_t waited = budget_full_.load(std::memory_order_relaxed);
+    const uint64_t now = pager_detail::now_ns();
+    if (waited != ctl_waited0_) {
+      ctl_waited0_ = waited;
+      headroom = std::min<int64_t>(max_h, 2 * headroom);
+      last_change = now;
+    } else if (headroom > min_h && now - last_change > kPressureNs) {
+      headroom = std::max<int64_t>(min_h, headroom / 2);
+      last_change = now;
+    }
+    headroom_.store(headroom, std::memory_order_relaxed);
+  };
+  auto trigger = [&] {
+    return headroom >= max_h ? high_blocks_
+                             : std::max<int64_t>(high_blocks_, budget_blocks_ - headroom / 2);
+  };
   while (!stop_.load(std::memory_order_acquire)) {
     {
       std::unique_lock<std::mutex> lk(evict_mu_);
       evict_cv_.wait_for(lk, std::chrono::milliseconds(50), [&] {
+        adapt_headroom();
         return stop_.load(std::memory_order_acquire) ||
-               resident_.load(std::memory_order_relaxed) > high_blocks_;
+               resident_.load(std::memory_order_relaxed) > trigger();
       });
     }
-    while (!stop_.load(std::memory_order_acquire) &&
-           resident_.load(std::memory_order_relaxed) > low_blocks_) {
+    for (;;) {
+      if (stop_.load(std::memory_order_acquire)) break;
+      adapt_headroom();
+      const int64_t floor = budget_blocks_ - headroom;
+      if (resident_.load(std::memory_order_relaxed) <= floor) break;
       std::unique_lock<std::mutex> gate(fork_gate_);  // a fork stops eviction
-      const size_t progress = evict_round();
+      const size_t progress = evict_round(floor);
       gate.unlock();
       if (progress == 0) {
         // Everything at the tails is busy (I/O in flight elsewhere).
@@ -1364,12 +1612,46 @@ void Pager<B>::evictor_main() {
   }
 }
 
+// Adaptive victim cache. The victim cache buys replacement quality (second
+// chance: a re-fault on a demoted block is the accessed bit user space
+// lacks) and pays for it with a local fault per re-fault, plus a demotion.
+// When the working set nearly fits, or access is uniform, it buys nothing
+// and costs a fault on every access to the unmapped share of the budget
+// (eval kv at a 100% budget: 105k victim + 103k WP faults for 17k remote
+// ones with a fixed 25% share). So the share moves with what it costs
+// against what it is there to save: per epoch of kVictimEpochFaults
+// victim + remote faults (prefetch hits not counted: they are prefetch's),
+// replacement_sim.h adapt_victim_target() shrinks it by a quarter when
+// victim faults exceed a quarter of the remote ones, and grows it by a
+// quarter otherwise, between victim_min_ and config.victim_fraction of
+// the budget. A smaller target pushes no victim out: the cache drains by
+// re-faults and drops. The same controller runs in the model
+// (simulate_victim_adaptive; hit ratios in tests/pager/pager_budget_test.cc).
 template <TransportBackend B>
-size_t Pager<B>::evict_round() {
-  int64_t excess = resident_.load(std::memory_order_relaxed) - low_blocks_;
+void Pager<B>::adapt_victims() {
+  const uint64_t v = counters_.faults_victim.load(std::memory_order_relaxed);
+  const uint64_t u = counters_.prefetch_used.load(std::memory_order_relaxed);
+  const uint64_t r = counters_.faults_remote.load(std::memory_order_relaxed);
+  const uint64_t dv_all = v - ctl_victim0_, du = u - ctl_used0_;
+  const uint64_t dv = dv_all > du ? dv_all - du : 0;
+  const uint64_t dr = r - ctl_remote0_;
+  if (dv + dr < kVictimEpochFaults) return;  // too little evidence yet
+  ctl_victim0_ = v;
+  ctl_used0_ = u;
+  ctl_remote0_ = r;
+  victim_cur_.store(adapt_victim_target(victim_cur_.load(std::memory_order_relaxed), dv, dr,
+                                        victim_min_, victim_target_, cfg_.writeback_batch),
+                    std::memory_order_relaxed);
+}
+
+template <TransportBackend B>
+size_t Pager<B>::evict_round(int64_t floor) {
+  int64_t excess = resident_.load(std::memory_order_relaxed) - floor;
   if (excess <= 0) return 0;
   size_t want = static_cast<size_t>(excess) < cfg_.writeback_batch ? static_cast<size_t>(excess)
                                                                    : cfg_.writeback_batch;
+  adapt_victims();
+  const uint64_t target = victim_cur_.load(std::memory_order_relaxed);
   // Keep the victim cache at its target plus what this round drops, so that
   // every block spends a while there before it leaves.
   size_t progress = 0;
@@ -1379,8 +1661,8 @@ size_t Pager<B>::evict_round() {
       std::lock_guard<std::mutex> lk(list_mu_);
       nv = victim_.size();
     }
-    if (nv >= victim_target_ + want) break;
-    size_t d = demote_batch(static_cast<size_t>(victim_target_ + want - nv));
+    if (nv >= target + want) break;
+    size_t d = demote_batch(static_cast<size_t>(target + want - nv));
     if (d == 0) break;
     progress += d;
   }
@@ -1463,6 +1745,7 @@ size_t Pager<B>::demote_batch(size_t max) {
   for (size_t i = 0; i < n; ++i) {
     if (moved[i]) continue;
     pager_detail::copy_from_region(slot_addr(slots[i]), block_addr(blocks[i]), block_);
+    words[i] = clean_if_zero(blocks[i], slots[i], words[i]);
     sorted[nc++] = blocks[i];
   }
   // One MADV_DONTNEED per run of adjacent blocks: each call is a TLB
@@ -1822,6 +2105,7 @@ Status Pager<B>::evict(void* addr, size_t len) {
                 static_cast<void*>(block_addr(b)), strerror(err));
         }
         pager_detail::copy_from_region(slot_addr(slot), block_addr(b), block_);
+        w = clean_if_zero(b, slot, w);
         if (madvise(block_addr(b), block_, MADV_DONTNEED) != 0) {
           fatal("pager: MADV_DONTNEED at %p failed: %s", static_cast<void*>(block_addr(b)),
                 strerror(errno));

@@ -125,4 +125,44 @@ SimResult simulate_victim_fifo(const std::vector<uint32_t>& trace, uint32_t item
   return r;
 }
 
+SimResult simulate_victim_adaptive(const std::vector<uint32_t>& trace, uint32_t items,
+                                   size_t capacity, size_t min_victims, double max_fraction,
+                                   size_t* victims_out) {
+  Lists l(items);  // as simulate_victim_fifo, with a moving victim share
+  SimResult r;
+  const size_t hi = static_cast<size_t>(max_fraction * static_cast<double>(capacity));
+  const size_t lo = min_victims < hi ? min_victims : hi;
+  size_t victims = lo;
+  uint64_t ev = 0, er = 0;  // victim and remote faults in this epoch
+  for (uint32_t x : trace) {
+    ++r.accesses;
+    if (l.where[x] == 1) {
+      ++r.hits;
+      continue;
+    }
+    if (l.where[x] == 2) {
+      ++r.hits;
+      ++r.victim_hits;
+      ++ev;
+      l.remove(x);
+    } else {
+      ++er;
+    }
+    if (ev + er >= kVictimEpochFaults) {
+      victims = adapt_victim_target(victims, ev, er, lo, hi, 1);
+      ev = er = 0;
+    }
+    l.push_front(1, x);
+    // A smaller target does not push victims out: they leave as drops do.
+    while (l.size[1] > capacity - victims) {
+      uint32_t old = l.tail[1];
+      l.remove(old);
+      l.push_front(2, old);
+    }
+    while (l.size[1] + l.size[2] > capacity) l.remove(l.tail[2]);
+  }
+  if (victims_out) *victims_out = victims;
+  return r;
+}
+
 }  // namespace farmem

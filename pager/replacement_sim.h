@@ -39,4 +39,33 @@ SimResult simulate_lru(const std::vector<uint32_t>& trace, uint32_t items, size_
 SimResult simulate_victim_fifo(const std::vector<uint32_t>& trace, uint32_t items, size_t capacity,
                                double victim_fraction);
 
+// The pager's adaptive victim cache (pager.h "Adaptive victim cache"): the
+// same policy, but the victim share moves between min_victims and
+// max_fraction * capacity, one step per epoch of kVictimEpochFaults faults
+// (victim + remote) by adapt_victim_target(). victims_out (optional) gets
+// the share at the end.
+SimResult simulate_victim_adaptive(const std::vector<uint32_t>& trace, uint32_t items,
+                                   size_t capacity, size_t min_victims, double max_fraction,
+                                   size_t* victims_out = nullptr);
+
+// One step of the controller both the pager's evictor and the model use:
+// victim faults are the victim cache's cost, remote faults what it exists
+// to avoid. When victim faults in the epoch exceed kVictimCostNum /
+// kVictimCostDen of the remote faults, the cache costs more than it can
+// save (a working set that nearly fits, or uniform access: it only turns
+// mapped blocks into faults); the target shrinks by a quarter. Otherwise
+// (thrashing, a skewed set much larger than the budget) it grows by a
+// quarter (at least `step`). Clamped to [lo, hi].
+constexpr uint64_t kVictimEpochFaults = 64;
+constexpr uint64_t kVictimCostNum = 1, kVictimCostDen = 4;
+inline uint64_t adapt_victim_target(uint64_t cur, uint64_t victim_faults, uint64_t remote_faults,
+                                    uint64_t lo, uint64_t hi, uint64_t step) {
+  if (victim_faults * kVictimCostDen > remote_faults * kVictimCostNum) {
+    cur -= cur / 4;
+  } else {
+    cur += cur / 4 > step ? cur / 4 : step;
+  }
+  return cur < lo ? lo : (cur > hi ? hi : cur);
+}
+
 }  // namespace farmem

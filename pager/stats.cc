@@ -40,6 +40,8 @@ void PagerCounters::snapshot(PagerStats* s) const {
   s->faults_wp = ld(faults_wp);
   s->faults_victim = ld(faults_victim);
   s->faults_waited = ld(faults_waited);
+  s->zero_around = ld(zero_around);
+  s->zero_cleaned = ld(zero_cleaned);
   for (int i = 0; i < LatencyHistogram::kBuckets; ++i) {
     s->fetch_latency.counts[static_cast<size_t>(i)] = ld(latency[i]);
   }
@@ -61,23 +63,25 @@ void PagerCounters::snapshot(PagerStats* s) const {
 }
 
 std::string PagerStats::to_string() const {
-  char buf[768];
+  char buf[1024];
   snprintf(
       buf, sizeof buf,
-      "faults: zero %llu remote %llu wp %llu victim %llu waited %llu; fetch p50 %llu us "
-      "p99 %llu us\n"
-      "evict: demoted %llu clean %llu dirty %llu wb-errors %llu; moved out %llu in %llu "
-      "fallbacks %llu\n"
+      "faults: zero %llu (+%llu around) remote %llu wp %llu victim %llu waited %llu; fetch "
+      "p50 %llu us p99 %llu us\n"
+      "evict: demoted %llu clean %llu dirty %llu zero-cleaned %llu wb-errors %llu; moved out "
+      "%llu in %llu fallbacks %llu\n"
       "io: reads %llu (%llu B) writes %llu (%llu B)\n"
       "prefetch: issued %llu used %llu mapped %llu unused %llu\n"
       "memory: resident %llu B (peak %llu) of budget %llu B; remote %llu B",
-      static_cast<unsigned long long>(faults_zero), static_cast<unsigned long long>(faults_remote),
-      static_cast<unsigned long long>(faults_wp), static_cast<unsigned long long>(faults_victim),
+      static_cast<unsigned long long>(faults_zero), static_cast<unsigned long long>(zero_around),
+      static_cast<unsigned long long>(faults_remote), static_cast<unsigned long long>(faults_wp),
+      static_cast<unsigned long long>(faults_victim),
       static_cast<unsigned long long>(faults_waited),
       static_cast<unsigned long long>(fetch_latency.percentile_us(0.5)),
       static_cast<unsigned long long>(fetch_latency.percentile_us(0.99)),
       static_cast<unsigned long long>(demotions), static_cast<unsigned long long>(evictions_clean),
       static_cast<unsigned long long>(evictions_dirty),
+      static_cast<unsigned long long>(zero_cleaned),
       static_cast<unsigned long long>(writeback_errors), static_cast<unsigned long long>(moves_out),
       static_cast<unsigned long long>(moves_in), static_cast<unsigned long long>(move_fallbacks),
       static_cast<unsigned long long>(reads), static_cast<unsigned long long>(bytes_read),

@@ -29,6 +29,14 @@ struct PagerStats {
   uint64_t faults_wp = 0;      // first write to a clean resident block (now dirty)
   uint64_t faults_victim = 0;  // block still local in the victim cache: mapped back, no I/O
   uint64_t faults_waited = 0;  // a fault that found the block busy or the budget full and waited
+  // Zero-fill fault-around: never-written blocks mapped (zero) by the same
+  // ioctl as a sequential zero fault just before them, i.e. first touches
+  // that took no fault of their own (not part of faults_zero).
+  uint64_t zero_around = 0;
+  // Dirty blocks found all-zero with no remote copy at demotion: dropped
+  // as never-written (Empty) without a WRITE (mostly fault-around blocks
+  // mapped writable and never written).
+  uint64_t zero_cleaned = 0;
   LatencyHistogram fetch_latency;  // demand READ post -> installed
   // Eviction.
   uint64_t demotions = 0;         // resident -> victim cache
@@ -64,7 +72,7 @@ struct PagerStats {
 // line with the resident counter the evictor polls.
 struct alignas(64) PagerCounters {
   std::atomic<uint64_t> faults_zero{0}, faults_remote{0}, faults_wp{0}, faults_victim{0},
-      faults_waited{0};
+      faults_waited{0}, zero_around{0}, zero_cleaned{0};
   std::atomic<uint64_t> latency[LatencyHistogram::kBuckets]{};
   std::atomic<uint64_t> demotions{0}, evictions_clean{0}, evictions_dirty{0}, writeback_errors{0};
   std::atomic<uint64_t> moves_out{0}, moves_in{0}, move_fallbacks{0};

@@ -496,7 +496,10 @@ TEST(PagerTest, EvictWritesBackAndDrops) {
   EXPECT_EQ(p.state_of(mem), PageState::kRemote);
   EXPECT_EQ(p.state_of(mem + 150 * kPage), PageState::kEmpty);
   EXPECT_EQ(rig.donor.writes(), n);
-  EXPECT_EQ(p.resident_bytes(), resident0 - (n + 32) * kPage);
+  // Zero-fill fault-around mapped a few blocks past both runs (all inside
+  // the range): the range held every resident block, and none is left.
+  EXPECT_GE(resident0, (n + 32) * kPage);
+  EXPECT_EQ(p.resident_bytes(), 0u);
   ASSERT_EQ(first_bad_page(mem, n, 0), n);
   EXPECT_EQ(rig.donor.reads(), n);
   EXPECT_EQ(p.evict(mem + 1, kPage).code(), Errc::kInvalidArgument);
