@@ -47,6 +47,12 @@ class FarBacking {
   }
   virtual PagerStats stats() const = 0;
   virtual const char* transport_name() const = 0;
+  // Far memory resident locally now, and the local budget it lives in: what
+  // FarHeap's budget-pressure purging compares (far_heap.h). Read on every
+  // far allocation and free, so cheap (a relaxed load). 0 budget: unknown,
+  // FarHeap then purges by decay alone.
+  virtual uint64_t resident_bytes() const { return 0; }
+  virtual uint64_t budget_bytes() const { return 0; }
 
   // fork() (invariant 8; pager/fork_snapshot.h): prepare_fork() right before
   // fork() on the forking thread, then fork_parent() (also when fork()
@@ -102,6 +108,8 @@ class PagerBacking final : public FarBacking {
   }
   PagerStats stats() const override { return p_->stats(); }
   const char* transport_name() const override { return transport_; }
+  uint64_t resident_bytes() const override { return p_->resident_bytes(); }
+  uint64_t budget_bytes() const override { return p_->budget_bytes(); }
   Status prepare_fork() override { return p_->prepare_fork(); }
   void fork_parent() override { p_->fork_parent(); }
   void fork_child() override { p_->fork_child(); }

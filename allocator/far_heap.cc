@@ -46,7 +46,14 @@ Status FarHeap::init() {
   have_arena_ = true;
   flags_ = MALLOCX_ARENA(arena_) | MALLOCX_TCACHE_NONE;
   char name[64];
-  ssize_t decay = opts_.dirty_decay_ms;
+  const uint64_t budget = backing_->budget_bytes();
+  if (opts_.purge_at > 0 && opts_.purge_at <= 1 && budget > 0) {
+    pressure_hi_ = static_cast<uint64_t>(opts_.purge_at * static_cast<double>(budget));
+    if (pressure_hi_ == 0) pressure_hi_ = 1;
+    pressure_lo_ = pressure_hi_ / 2;
+  }
+  // Gated: no decay until the budget is under pressure (check_pressure).
+  ssize_t decay = pressure_hi_ != 0 ? -1 : opts_.dirty_decay_ms;
   snprintf(name, sizeof name, "arena.%u.dirty_decay_ms", arena_);
   err = farmem_je_mallctl(name, nullptr, nullptr, &decay, sizeof decay);
   if (err != 0) {
@@ -68,25 +75,53 @@ FarHeap::~FarHeap() {
   if (err != 0) FARMEM_LOG(kWarn, "jemalloc: %s failed: %s", name, strerror(err));
 }
 
-void* FarHeap::alloc(size_t size) noexcept {
+void* FarHeap::alloc_raw(size_t size) noexcept {
   return farmem_je_mallocx(size == 0 ? 1 : size, flags_);
 }
 
 void* FarHeap::alloc_zeroed(size_t size) noexcept {
-  return farmem_je_mallocx(size == 0 ? 1 : size, flags_ | MALLOCX_ZERO);
+  void* p = farmem_je_mallocx(size == 0 ? 1 : size, flags_ | MALLOCX_ZERO);
+  check_pressure();
+  return p;
 }
 
 void* FarHeap::alloc_aligned(size_t alignment, size_t size, bool zero) noexcept {
-  return farmem_je_mallocx(size == 0 ? 1 : size,
-                           flags_ | MALLOCX_ALIGN(alignment) | (zero ? MALLOCX_ZERO : 0));
+  void* p = farmem_je_mallocx(size == 0 ? 1 : size,
+                              flags_ | MALLOCX_ALIGN(alignment) | (zero ? MALLOCX_ZERO : 0));
+  check_pressure();
+  return p;
 }
 
 void* FarHeap::realloc(void* ptr, size_t size) noexcept {
-  return farmem_je_rallocx(ptr, size == 0 ? 1 : size, flags_);
+  void* p = farmem_je_rallocx(ptr, size == 0 ? 1 : size, flags_);
+  check_pressure();
+  return p;
 }
 
-void FarHeap::free(void* ptr) noexcept {
+void FarHeap::free_raw(void* ptr) noexcept {
   farmem_je_dallocx(ptr, MALLOCX_TCACHE_NONE);
+}
+
+// Runs on an application thread right after a far allocation or free
+// returned (no jemalloc lock held), rarely: the thresholds have hysteresis.
+void FarHeap::set_pressure(bool on) noexcept {
+  LocalScope local;
+  std::lock_guard<std::mutex> lk(pressure_mu_);
+  if (pressured_.load(std::memory_order_relaxed) == on) return;  // another thread switched
+  // A fork()ed child keeps every page (ExtentSpace refuses drops there).
+  if (backing_->in_fork_child()) return;
+  pressured_.store(on, std::memory_order_relaxed);
+  char name[64];
+  ssize_t decay = on ? opts_.dirty_decay_ms : -1;
+  snprintf(name, sizeof name, "arena.%u.dirty_decay_ms", arena_);
+  int err = farmem_je_mallctl(name, nullptr, nullptr, &decay, sizeof decay);
+  if (err != 0) FARMEM_LOG(kWarn, "jemalloc: %s = %zd refused: %s", name, decay, strerror(err));
+  if (!on) return;
+  // Everything freed so far goes now: those pages are the cheapest to give
+  // up (no write-back, no re-fetch), and the budget needs them.
+  pressure_purges_.fetch_add(1, std::memory_order_relaxed);
+  snprintf(name, sizeof name, "arena.%u.purge", arena_);
+  (void)farmem_je_mallctl(name, nullptr, nullptr, nullptr, 0);
 }
 
 size_t FarHeap::usable_size(const void* ptr) const noexcept {
@@ -127,6 +162,8 @@ FarHeap::Stats FarHeap::stats() const {
   s.dirty = get("pdirty") * 4096;
   s.nmalloc = get64("small.nmalloc") + get64("large.nmalloc");
   s.ndalloc = get64("small.ndalloc") + get64("large.ndalloc");
+  s.pressure_purges = pressure_purges_.load(std::memory_order_relaxed);
+  s.under_pressure = pressured_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -10,15 +10,35 @@
 // arena a thread uses and could hand a far object to a local caller or the
 // reverse; without it every object provably comes from this arena.
 //
-// Decay: freed pages stay dirty (resident, counted in the budget) for
-// decay_ms, then jemalloc purges them through the hooks and the pager drops
-// them. Short by default: a dirty far page that nobody will read would
-// otherwise be written back to the donor when evicted.
+// Purging freed pages: jemalloc keeps freed pages "dirty" (resident,
+// counted in the budget) and later purges them through the hooks, and the
+// pager drops them (invariant 2: they read as zeros, their budget and
+// remote space are freed). When depends on the budget (purge_at):
+//
+//   resident / budget      decay (arena.N.dirty_decay_ms)   on entering
+//   ---------------------  -------------------------------  -------------
+//   below purge_at         off (-1): freed pages are kept   -
+//   reaches purge_at       dirty_decay_ms                   purge all now
+//   falls below purge_at/2 off again                        -
+//
+// Why: a decayed page that is reused faults again (zero-fill, through the
+// pager) and, before that, was dropped through the pager: a program that
+// frees and reallocates a working set that fits in the budget paid both on
+// every decay epoch (bench/alloc_bench.cc, BM_FarHeapTouch from 32K: once a
+// round took longer than an epoch, every round was purged and re-faulted).
+// A freed page that nobody reuses costs nothing while the budget has room;
+// once it is tight, freed pages must go first, else the evictor would write
+// them back to the donor. The check is a relaxed load of the pager's
+// resident counter after each far allocation and free; a switch (rare, with
+// hysteresis) takes a mutex and two mallctls. purge_at = 0 (or a backing
+// that reports no budget): decay alone, always dirty_decay_ms.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 
 #include "allocator/extent_space.h"
 #include "allocator/far_backing.h"
@@ -28,6 +48,9 @@ namespace farmem {
 
 struct FarHeapOptions {
   int64_t dirty_decay_ms = 1000;  // -1: never purge; 0: purge at once
+  // Share of the backing's budget at which freed pages start to be purged
+  // (see above); 0: always dirty_decay_ms.
+  double purge_at = 0;
   size_t free_list_capacity = ExtentSpace::kDefaultFreeListCapacity;
 };
 
@@ -38,13 +61,20 @@ class FarHeap {
   FarHeap(const FarHeap&) = delete;
   FarHeap& operator=(const FarHeap&) = delete;
 
-  void* alloc(size_t size) noexcept;
+  void* alloc(size_t size) noexcept {
+    void* p = alloc_raw(size);
+    check_pressure();
+    return p;
+  }
   void* alloc_zeroed(size_t size) noexcept;
   // alignment: a power of two (callers check).
   void* alloc_aligned(size_t alignment, size_t size, bool zero = false) noexcept;
   // ptr must be a live allocation of this heap; nullptr (ptr intact) on failure.
   void* realloc(void* ptr, size_t size) noexcept;
-  void free(void* ptr) noexcept;
+  void free(void* ptr) noexcept {
+    free_raw(ptr);
+    check_pressure();
+  }
   size_t usable_size(const void* ptr) const noexcept;
 
   bool contains(const void* p) const noexcept {
@@ -59,6 +89,8 @@ class FarHeap {
     uint64_t active = 0;     // bytes in pages with live allocations
     uint64_t dirty = 0;      // freed pages not yet purged
     uint64_t nmalloc = 0, ndalloc = 0;
+    uint64_t pressure_purges = 0;  // times purge_at was reached (everything freed purged)
+    bool under_pressure = false;   // dirty_decay_ms applies now
   };
   Stats stats() const;  // control path: refreshes jemalloc's statistics epoch
   // Purges every unused dirty page now (tests, fm_evict of free space).
@@ -67,6 +99,16 @@ class FarHeap {
  private:
   FarHeap(FarBacking* b, const FarHeapOptions& o);
   Status init();
+  void* alloc_raw(size_t size) noexcept;
+  void free_raw(void* ptr) noexcept;
+  // Budget-pressure purging (see the header comment).
+  void check_pressure() noexcept {
+    if (pressure_hi_ == 0) return;
+    const uint64_t r = backing_->resident_bytes();
+    const bool on = pressured_.load(std::memory_order_relaxed);
+    if (__builtin_expect(on ? r < pressure_lo_ : r >= pressure_hi_, 0)) set_pressure(!on);
+  }
+  void set_pressure(bool on) noexcept;
 
   FarBacking* const backing_;
   const FarHeapOptions opts_;
@@ -75,7 +117,12 @@ class FarHeap {
   std::unique_ptr<ExtentSpace> space_;
   unsigned arena_ = 0;
   bool have_arena_ = false;
-  int flags_ = 0;  // MALLOCX_ARENA | MALLOCX_TCACHE_NONE
+  int flags_ = 0;             // MALLOCX_ARENA | MALLOCX_TCACHE_NONE
+  uint64_t pressure_hi_ = 0;  // resident bytes that switch purging on; 0: no gating
+  uint64_t pressure_lo_ = 0;  // ... and off again
+  std::atomic<bool> pressured_{false};
+  std::atomic<uint64_t> pressure_purges_{0};
+  std::mutex pressure_mu_;  // serializes switches; never held by a data-path caller otherwise
 };
 
 }  // namespace farmem

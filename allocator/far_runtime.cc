@@ -15,6 +15,7 @@
 #include "runtime/loopback_transport.h"
 #include "runtime/tcp_transport.h"
 #if defined(FARMEM_HAVE_VERBS)
+#include "runtime/verbs_lib.h"
 #include "runtime/verbs_transport.h"
 #endif
 
@@ -57,6 +58,14 @@ void fill_replication(const P* pager, StatsSnapshot& s) {
   s.counter("extents_lost", r.extents_lost, "extents with no replica left (invariant 6)");
 }
 
+// FARMEM_DECAY_MS=0 means "at once, always": no budget gating then.
+FarHeapOptions heap_options(const FarOptions& o) {
+  FarHeapOptions ho;
+  ho.dirty_decay_ms = o.decay_ms;
+  ho.purge_at = o.decay_ms == 0 ? 0.0 : o.purge_at_percent / 100.0;
+  return ho;
+}
+
 Status start_pager_and_heap_common(const FarOptions& o, uint64_t region, PagerConfig* cfg) {
   *cfg = o.pager;
   cfg->region_size = round_region(o.region_size ? o.region_size : region, o.pager.block_size);
@@ -85,7 +94,10 @@ inline constexpr bool kIsVerbs = false;
 //   ----------------   -----------------------------------   -----------------
 //   auto (default)     verbs when an RDMA device reaches     tcp
 //                      every donor (verbs::reachable), else
-//                      tcp; one info line says which and why
+//                      tcp; one info line says which and why.
+//                      No device in /sys/class/infiniband:
+//                      tcp without loading rdma-core at all
+//                      (runtime/verbs_lib.h)
 //   verbs              verbs, or a start-up error naming     start-up error
 //                      the reason and FARMEM_TRANSPORT=tcp   ("built without
 //                                                            rdma-core")
@@ -98,6 +110,20 @@ Result<FarTransport> choose_transport(const FarOptions& o) {
 #if defined(FARMEM_HAVE_VERBS)
   if (o.servers.empty()) return FarTransport::kTcp;  // the tcp runtime reports "no donor"
   std::string why;
+  // Cheap checks first: sysfs, then loading rdma-core (dlopen), so that a
+  // host without RDMA never maps the libraries.
+  if (!verbs_lib::device_present(&why) || !verbs_lib::load(&why)) {
+    const std::string ep = o.servers.front().to_string();
+    if (forced) {
+      return make_error(Errc::kUnavailable,
+                        "FARMEM_TRANSPORT=verbs, but no RDMA device reaches donor %s (%s); set "
+                        "FARMEM_TRANSPORT=tcp (or auto) to use tcp",
+                        ep.c_str(), why.c_str());
+    }
+    FARMEM_LOG(kInfo, "transport auto: tcp, since verbs cannot reach donor %s (%s)", ep.c_str(),
+               why.c_str());
+    return FarTransport::kTcp;
+  }
   for (const Endpoint& ep : o.servers) {
     if (verbs::reachable(ep.host, &why)) continue;
     if (forced) {
@@ -248,8 +274,7 @@ class SessionRuntime final : public FarRuntime {
     pager_ = std::move(*p);
     // 5. far heap
     backing_ = std::make_unique<PagerBacking<Pager<B>>>(pager_.get(), SessionBackend<B>::kName);
-    FarHeapOptions ho;
-    ho.dirty_decay_ms = opts_.decay_ms;
+    FarHeapOptions ho = heap_options(opts_);
     auto h = FarHeap::create(backing_.get(), ho);
     if (!h.ok()) return h.status();
     heap_ = std::move(*h);
@@ -381,8 +406,7 @@ class LoopbackRuntime final : public FarRuntime {
     if (!p.ok()) return p.status().with_context("starting the pager");
     pager_ = std::move(*p);
     backing_ = std::make_unique<PagerBacking<Pager<LoopbackTransport>>>(pager_.get(), "loopback");
-    FarHeapOptions ho;
-    ho.dirty_decay_ms = opts_.decay_ms;
+    FarHeapOptions ho = heap_options(opts_);
     auto h = FarHeap::create(backing_.get(), ho);
     if (!h.ok()) return h.status();
     heap_ = std::move(*h);
@@ -438,6 +462,10 @@ void FarRuntime::fill_stats(StatsSnapshot& s) {
   s.counter("faults_wp", p.faults_wp, "first write to a clean resident page");
   s.counter("faults_victim", p.faults_victim, "page found in the local victim cache (no I/O)");
   s.counter("faults_waited", p.faults_waited, "faults that waited for I/O or for budget");
+  s.counter("zero_around", p.zero_around,
+            "never-written pages mapped ahead of a sequential zero fault (no fault of their own)");
+  s.counter("zero_cleaned", p.zero_cleaned,
+            "dirty pages found all-zero at eviction, dropped without a write");
   s.counter("evictions_clean", p.evictions_clean, "pages dropped without I/O");
   s.counter("evictions_dirty", p.evictions_dirty, "pages written back, then dropped");
   s.counter("prefetch_issued", p.prefetch_issued, "pages prefetched");

@@ -50,7 +50,18 @@ constexpr EnvVar kEnv[] = {
      "run all-local)"},
     {"FARMEM_LOOPBACK_CAPACITY", "1G", "loopback: size of the in-process donor"},
     {"FARMEM_DECAY_MS", "1000",
-     "freed far pages are dropped (no write-back, budget freed) after this long; 0 = at once"},
+     "freed far pages are dropped (no write-back, budget freed) after this long once "
+     "FARMEM_PURGE_AT is reached; 0 = at once, always"},
+    // FARMEM_PURGE_AT = 75%: freed far pages are kept while the budget has
+    // room, so a freed and reallocated working set is not dropped and
+    // re-faulted every decay epoch (bench/alloc_bench.cc BM_FarHeapTouch,
+    // 32K and up, and far_heap_purge_test). From 75% (under the pager's
+    // eviction watermarks, so that freed pages go before live ones are
+    // evicted or written back) everything freed is dropped at once and
+    // FARMEM_DECAY_MS applies until residency falls below half of it.
+    {"FARMEM_PURGE_AT", "75",
+     "% of FARMEM_LOCAL_MEM resident at which freed far pages start to be dropped (all at "
+     "once, then after FARMEM_DECAY_MS); below it they are kept for reuse; 0 = always decay"},
     {"FARMEM_CONNECT_TIMEOUT_MS", "3000", "how long to try each donor at start-up"},
     {"FARMEM_BLOCK_SIZE", "4K", "pager fetch granularity, a power of two from 4K to 2M"},
     {"FARMEM_PAGER_THREADS", "cores/2 (1..8)", "pager fault-handler threads"},
@@ -163,6 +174,11 @@ Result<FarOptions> options_from_env() {
     auto r = parse_uint(v, "FARMEM_DECAY_MS", 0, 3600000);
     if (!r.ok()) return r.status();
     o.decay_ms = static_cast<int64_t>(*r);
+  }
+  if (const char* v = getenv("FARMEM_PURGE_AT")) {
+    auto r = parse_uint(v, "FARMEM_PURGE_AT", 0, 100);
+    if (!r.ok()) return r.status();
+    o.purge_at_percent = static_cast<uint32_t>(*r);
   }
   if (const char* v = getenv("FARMEM_CONNECT_TIMEOUT_MS")) {
     auto r = parse_uint(v, "FARMEM_CONNECT_TIMEOUT_MS", 1, 600000);

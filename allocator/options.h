@@ -36,6 +36,10 @@ struct FarOptions {
   uint64_t region_size = 0;                 // 0: the donors' capacity (sum) / loopback_capacity
   PagerConfig pager;                        // local budget, block size, handler threads, prefetch
   int64_t decay_ms = 1000;                  // freed far pages are dropped after this long
+  // ... once resident far memory reaches this % of the local budget; below
+  // it freed pages are kept for reuse (FARMEM_PURGE_AT; far_heap.h). 0, or
+  // decay_ms 0: always decay_ms.
+  uint32_t purge_at_percent = 75;
   int connect_timeout_ms = 3000;
   // Preload library only.
   uint64_t min_far = 16 << 10;  // smaller allocations stay local
