@@ -98,37 +98,15 @@ SimResult simulate_lru(const std::vector<uint32_t>& trace, uint32_t items, size_
 
 SimResult simulate_victim_fifo(const std::vector<uint32_t>& trace, uint32_t items, size_t capacity,
                                double victim_fraction) {
-  Lists l(items);  // list 1: mapped (active), list 2: victim cache
-  SimResult r;
-  size_t victims = static_cast<size_t>(victim_fraction * static_cast<double>(capacity));
-  for (uint32_t x : trace) {
-    ++r.accesses;
-    if (l.where[x] == 1) {  // mapped: no fault at all, and no information
-      ++r.hits;
-      continue;
-    }
-    if (l.where[x] == 2) {  // victim hit: local fault, back to the head
-      ++r.hits;
-      ++r.victim_hits;
-      l.remove(x);
-    }
-    l.push_front(1, x);
-    // Keep mapped + victims <= capacity and the victim cache at its share:
-    // the oldest mapped block is demoted, the oldest victim leaves.
-    while (l.size[1] > capacity - victims) {
-      uint32_t old = l.tail[1];
-      l.remove(old);
-      l.push_front(2, old);
-    }
-    while (l.size[1] + l.size[2] > capacity) l.remove(l.tail[2]);
-  }
-  return r;
+  // A fixed share is the adaptive model with its bounds equal.
+  const size_t victims = static_cast<size_t>(victim_fraction * static_cast<double>(capacity));
+  return simulate_victim_adaptive(trace, items, capacity, victims, victim_fraction);
 }
 
 SimResult simulate_victim_adaptive(const std::vector<uint32_t>& trace, uint32_t items,
                                    size_t capacity, size_t min_victims, double max_fraction,
                                    size_t* victims_out) {
-  Lists l(items);  // as simulate_victim_fifo, with a moving victim share
+  Lists l(items);  // list 1: mapped (active), list 2: victim cache
   SimResult r;
   const size_t hi = static_cast<size_t>(max_fraction * static_cast<double>(capacity));
   const size_t lo = min_victims < hi ? min_victims : hi;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "allocator/far_heap.h"
+#include "far_heap_rig.h"
 #include "pager/pager.h"
 #include "pager/uffd.h"
 #include "runtime/loopback_transport.h"
@@ -20,50 +21,9 @@
 namespace farmem {
 namespace {
 
-#define SKIP_WITHOUT_UFFD()                                                      \
-  do {                                                                           \
-    std::string why_ = Uffd::unavailable_reason();                               \
-    if (!why_.empty()) GTEST_SKIP() << "userfaultfd unavailable here: " << why_; \
-  } while (0)
-
-using P = Pager<LoopbackTransport>;
+using Rig = testing::FarHeapRig;
+using P = Rig::P;
 constexpr size_t kMiB = 1 << 20;
-
-struct Rig {
-  Rig(uint64_t budget, int64_t decay_ms, double purge_at)
-      : donor(512ull << 20, 16ull << 20), src(0, &donor) {
-    Status st = transport.add_server(0, &donor);
-    if (!st.ok()) fatal("%s", st.to_string().c_str());
-    PagerConfig c;
-    c.region_size = 256ull << 20;
-    c.local_budget = budget;
-    c.handler_threads = 2;
-    auto p = P::create(c, &transport, &src);
-    if (!p.ok()) fatal("%s", p.status().to_string().c_str());
-    pager = std::move(*p);
-    backing = std::make_unique<PagerBacking<P>>(pager.get(), "loopback");
-    FarHeapOptions o;
-    o.dirty_decay_ms = decay_ms;
-    o.purge_at = purge_at;
-    auto h = FarHeap::create(backing.get(), o);
-    if (!h.ok()) fatal("%s", h.status().to_string().c_str());
-    heap = std::move(*h);
-  }
-  ~Rig() {
-    heap.reset();
-    backing.reset();
-    pager.reset();
-  }
-  uint64_t zero_faults() const { return pager->stats().faults_zero; }
-  uint64_t dropped() const { return heap->space().stats().dropped_bytes; }
-
-  LoopbackDonor donor;
-  LoopbackTransport transport;
-  LoopbackSlabSource src;
-  std::unique_ptr<P> pager;
-  std::unique_ptr<FarBacking> backing;
-  std::unique_ptr<FarHeap> heap;
-};
 
 uint8_t pattern(size_t pass, size_t obj, size_t i) {
   return static_cast<uint8_t>((pass * 31 + obj * 131 + i * 7 + (i >> 12)) & 0xff);

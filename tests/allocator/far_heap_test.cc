@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "far_heap_rig.h"
 #include "pager/pager.h"
 #include "pager/remote_map.h"
 #include "pager/uffd.h"
@@ -17,44 +18,8 @@
 namespace farmem {
 namespace {
 
-#define SKIP_WITHOUT_UFFD()                                                      \
-  do {                                                                           \
-    std::string why_ = Uffd::unavailable_reason();                               \
-    if (!why_.empty()) GTEST_SKIP() << "userfaultfd unavailable here: " << why_; \
-  } while (0)
-
-using P = Pager<LoopbackTransport>;
-
-struct Rig {
-  Rig(uint64_t budget, int64_t decay_ms) : donor(512ull << 20, 16ull << 20), src(0, &donor) {
-    Status st = transport.add_server(0, &donor);
-    if (!st.ok()) fatal("%s", st.to_string().c_str());
-    PagerConfig c;
-    c.region_size = 256ull << 20;
-    c.local_budget = budget;
-    c.handler_threads = 2;
-    auto p = P::create(c, &transport, &src);
-    if (!p.ok()) fatal("%s", p.status().to_string().c_str());
-    pager = std::move(*p);
-    backing = std::make_unique<PagerBacking<P>>(pager.get(), "loopback");
-    FarHeapOptions o;
-    o.dirty_decay_ms = decay_ms;
-    auto h = FarHeap::create(backing.get(), o);
-    if (!h.ok()) fatal("%s", h.status().to_string().c_str());
-    heap = std::move(*h);
-  }
-  ~Rig() {
-    heap.reset();
-    backing.reset();
-    pager.reset();
-  }
-  LoopbackDonor donor;
-  LoopbackTransport transport;
-  LoopbackSlabSource src;
-  std::unique_ptr<P> pager;
-  std::unique_ptr<FarBacking> backing;
-  std::unique_ptr<FarHeap> heap;
-};
+using Rig = testing::FarHeapRig;
+using P = Rig::P;
 
 uint8_t pattern(size_t obj, size_t i) {
   return static_cast<uint8_t>((obj * 131 + i * 7 + (i >> 12)) & 0xff);
