@@ -25,7 +25,12 @@
 //                          room, so no eviction runs while it is timed (evict()
 //                          between rounds). Reports each p50/p99 and
 //                          ratio_bare = pager/bare, ratio_kernel = pager/kernel
-//                          (p50), added_us = pager p50 - bare p50.
+//                          (p50), added_us = pager p50 - bare p50; also the
+//                          transport's own 4 KiB READ of a cold donor page
+//                          (transport_read_p50_us: post to completion, the
+//                          memcpy standing in for the NIC's DMA on loopback)
+//                          and pager_own_us = added_us - that: what the pager
+//                          itself adds to a bare round trip plus one READ.
 //   BM_FaultThroughput     random remote read faults/s with 1 and 2
 //                          application threads, working set 4x the budget
 //                          (eviction in the background), default handlers.
@@ -516,6 +521,76 @@ struct BareUffdRig {
   }
 };
 
+// The transport's own 4 KiB READ, post to completion, from the bench
+// thread, of donor pages written once and long out of the caches: on
+// loopback the memcpy that stands in for the NIC's DMA (plus post/poll), on
+// tcp the network round trip. The pager's cold fault does one of these;
+// the bare round trip does not, so pager_own_us = added_us - this.
+template <class Env>
+struct ReadProbe {
+  std::unique_ptr<typename Env::B::Queue> q;
+  std::vector<RemoteAddr> pages;
+  std::vector<SlabSource::Slab> slabs;
+  SlabSource* src = nullptr;
+  char* buf = nullptr;
+  typename Env::B* t = nullptr;
+
+  bool start(Env& env, size_t n, std::string* err) {
+    t = &env.t;
+    src = source_of(env);
+    auto l = src->lease(n * kPage);
+    if (!l.ok()) {
+      *err = l.status().to_string();
+      return false;
+    }
+    slabs = std::move(*l);
+    for (const auto& sl : slabs) {
+      Status st = t->add_slab(sl.server, sl.desc);
+      if (!st.ok()) {
+        *err = st.to_string();
+        return false;
+      }
+      for (uint64_t off = 0; off + kPage <= sl.desc.size && pages.size() < n; off += kPage)
+        pages.push_back(RemoteAddr{sl.server, sl.desc.slab, off});
+    }
+    buf = static_cast<char*>(aligned_alloc(kPage, kPage));
+    memset(buf, 0x5a, kPage);
+    auto qr = t->open_queue();
+    Status st = qr.ok() ? t->register_buffer(buf, kPage) : qr.status();
+    if (!st.ok() || pages.size() < n) {
+      *err = st.ok() ? "the donor leased less than asked" : st.to_string();
+      return false;
+    }
+    q = std::move(*qr);
+    for (const RemoteAddr& a : pages) {  // every page written once: donor memory backed
+      if (!io(IoKind::kWrite, a)) {
+        *err = "probe WRITE failed";
+        return false;
+      }
+    }
+    return true;
+  }
+  bool io(IoKind k, const RemoteAddr& a) {
+    IoOp op{k, static_cast<uint32_t>(kPage), a, buf, 1};
+    if (q->post({&op, 1}) != Errc::kOk) return false;
+    IoCompletion c[1];
+    while (q->wait(c, 1000) == 0) {
+    }
+    return c[0].status == Errc::kOk;
+  }
+  ~ReadProbe() {
+    q.reset();
+    if (buf) {
+      (void)t->unregister_buffer(buf);
+      free(buf);
+    }
+    for (const auto& sl : slabs) {
+      (void)t->remove_slab(sl.server, sl.desc.slab);
+      (void)src->release(sl.server, sl.desc.slab);
+    }
+  }
+};
+
 template <class Env>
 struct ColdFault {
   static void run(benchmark::State& state) {
@@ -530,6 +605,11 @@ struct ColdFault {
     std::string err;
     BareUffdRig bare;
     if (!bare.start(kRound * kRounds, &err)) {
+      state.SkipWithError(err.c_str());
+      return;
+    }
+    ReadProbe<Env> probe;
+    if (!probe.start(rig.env, kRound * kRounds, &err)) {
       state.SkipWithError(err.c_str());
       return;
     }
@@ -551,7 +631,7 @@ struct ColdFault {
     std::vector<uint32_t> lorder(kRound * kRounds);
     for (size_t i = 0; i < lorder.size(); ++i) lorder[i] = static_cast<uint32_t>(i);
     std::shuffle(lorder.begin(), lorder.end(), std::mt19937_64(2));
-    std::vector<double> k_us, b_us, p_us;
+    std::vector<double> k_us, b_us, p_us, t_us;
     const PagerStats s0 = rig.p->stats();
     auto* kv = static_cast<volatile char*>(kmem);
     auto* bv = static_cast<volatile char*>(bare.mem);
@@ -564,6 +644,9 @@ struct ColdFault {
           k_us.push_back(time_us([&] { kv[size_t{lorder[base + i]} * kPage] = 1; }));
         for (size_t i = 0; i < kRound; ++i)
           b_us.push_back(time_us([&] { bv[size_t{lorder[base + i]} * kPage] = 1; }));
+        for (size_t i = 0; i < kRound; ++i)
+          t_us.push_back(
+              time_us([&] { (void)probe.io(IoKind::kRead, probe.pages[lorder[base + i]]); }));
         // Writes, as above: installed writable and dirty in one fault.
         for (size_t i = 0; i < kRound; ++i, ++next) {
           const size_t pg = order[next % kWritten];
@@ -587,6 +670,9 @@ struct ColdFault {
     state.counters["ratio_bare"] = bp50 > 0 ? pp50 / bp50 : 0;
     state.counters["ratio_kernel"] = kp50 > 0 ? pp50 / kp50 : 0;
     state.counters["added_us"] = pp50 - bp50;
+    const double tp50 = pct(t_us, 0.5);
+    state.counters["transport_read_p50_us"] = tp50;
+    state.counters["pager_own_us"] = pp50 - bp50 - tp50;
     state.counters["remote_faults"] = static_cast<double>(s.faults_remote - s0.faults_remote);
     state.counters["faults"] = static_cast<double>(p_us.size());
     state.SetLabel(Env::kName);
