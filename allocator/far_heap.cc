@@ -75,17 +75,32 @@ FarHeap::~FarHeap() {
   if (err != 0) FARMEM_LOG(kWarn, "jemalloc: %s failed: %s", name, strerror(err));
 }
 
+// Large allocations (jemalloc's large classes start at 16 KiB) are asked
+// page-aligned. By default jemalloc starts each large allocation at a random
+// cache-line offset inside an extra page ("cache-oblivious"; Debian's build
+// has it on and 5.3 has no run-time switch), so an allocation of N pages
+// touches N + 1: a 64 MiB table needs 16,385 blocks of a 16,384-block budget
+// and every large buffer holds one block of budget more than its size. With
+// page alignment jemalloc skips the offset, and the extra page it still
+// reserves at the end is never touched, so it is never faulted in.
+static constexpr size_t kLargeMin = 16 << 10;
+
+int FarHeap::flags_for(size_t size) const noexcept {
+  return size >= kLargeMin ? flags_ | MALLOCX_ALIGN(4096) : flags_;
+}
+
 void* FarHeap::alloc_raw(size_t size) noexcept {
-  return farmem_je_mallocx(size == 0 ? 1 : size, flags_);
+  return farmem_je_mallocx(size == 0 ? 1 : size, flags_for(size));
 }
 
 void* FarHeap::alloc_zeroed(size_t size) noexcept {
-  void* p = farmem_je_mallocx(size == 0 ? 1 : size, flags_ | MALLOCX_ZERO);
+  void* p = farmem_je_mallocx(size == 0 ? 1 : size, flags_for(size) | MALLOCX_ZERO);
   check_pressure();
   return p;
 }
 
 void* FarHeap::alloc_aligned(size_t alignment, size_t size, bool zero) noexcept {
+  if (size >= kLargeMin && alignment < 4096) alignment = 4096;  // see flags_for()
   void* p = farmem_je_mallocx(size == 0 ? 1 : size,
                               flags_ | MALLOCX_ALIGN(alignment) | (zero ? MALLOCX_ZERO : 0));
   check_pressure();
@@ -93,7 +108,7 @@ void* FarHeap::alloc_aligned(size_t alignment, size_t size, bool zero) noexcept 
 }
 
 void* FarHeap::realloc(void* ptr, size_t size) noexcept {
-  void* p = farmem_je_rallocx(ptr, size == 0 ? 1 : size, flags_);
+  void* p = farmem_je_rallocx(ptr, size == 0 ? 1 : size, flags_for(size));
   check_pressure();
   return p;
 }

@@ -100,6 +100,8 @@ class FarHeap {
   FarHeap(FarBacking* b, const FarHeapOptions& o);
   Status init();
   void* alloc_raw(size_t size) noexcept;
+  // flags_, plus page alignment for a large allocation (see far_heap.cc).
+  int flags_for(size_t size) const noexcept;
   void free_raw(void* ptr) noexcept;
   // Budget-pressure purging (see the header comment).
   void check_pressure() noexcept {

@@ -117,6 +117,47 @@ TEST(FarHeap, FreedPagesAreDroppedAndReadAsZeros) {
   r.heap->free(z);
 }
 
+// A large allocation of N pages spans exactly N blocks of the budget:
+// jemalloc's cache-oblivious offset (a random start inside an extra page)
+// would make it span N + 1 (a 64 MiB table did not fit a 64 MiB budget).
+TEST(FarHeap, LargeAllocationsArePageAligned) {
+  SKIP_WITHOUT_UFFD();
+  Rig r(16 << 20, 1000);
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 4096 == 0; };
+  std::vector<void*> live;
+  for (size_t size : {size_t{16} << 10, size_t{20} << 10, size_t{1} << 20, size_t{5} << 20,
+                      (size_t{3} << 20) + 100}) {
+    void* p = r.heap->alloc(size);
+    ASSERT_NE(p, nullptr);
+    EXPECT_TRUE(aligned(p)) << "alloc(" << size << ") = " << p;
+    void* z = r.heap->alloc_zeroed(size);
+    ASSERT_NE(z, nullptr);
+    EXPECT_TRUE(aligned(z)) << "alloc_zeroed(" << size << ") = " << z;
+    void* a = r.heap->alloc_aligned(64, size);
+    ASSERT_NE(a, nullptr);
+    EXPECT_TRUE(aligned(a)) << "alloc_aligned(64, " << size << ") = " << a;
+    live.insert(live.end(), {p, z, a});
+  }
+  // Growing a small allocation into a large one moves it to an aligned one,
+  // contents intact.
+  auto* g = static_cast<uint8_t*>(r.heap->alloc(3000));
+  ASSERT_NE(g, nullptr);
+  for (size_t i = 0; i < 3000; ++i) g[i] = pattern(7, i);
+  g = static_cast<uint8_t*>(r.heap->realloc(g, 200 << 10));
+  ASSERT_NE(g, nullptr);
+  EXPECT_TRUE(aligned(g)) << static_cast<void*>(g);
+  for (size_t i = 0; i < 3000; ++i) ASSERT_EQ(g[i], pattern(7, i)) << i;
+  live.push_back(g);
+  // Small allocations keep jemalloc's packing: many fit one page.
+  void* s1 = r.heap->alloc(48);
+  void* s2 = r.heap->alloc(48);
+  ASSERT_NE(s1, nullptr);
+  ASSERT_NE(s2, nullptr);
+  EXPECT_FALSE(aligned(s1) && aligned(s2)) << s1 << " " << s2;
+  live.insert(live.end(), {s1, s2});
+  for (void* p : live) r.heap->free(p);
+}
+
 TEST(FarHeap, ReallocAlignedAndUsableSize) {
   SKIP_WITHOUT_UFFD();
   Rig r(16 << 20, 1000);
