@@ -73,10 +73,12 @@ struct PagerConfig {
   // pager.h, "WP_ASYNC"). FARMEM_WP_ASYNC=auto turns it on where present.
   WpAsyncMode wp_async = WpAsyncMode::kOff;
   // Zero-fill fault-around (pager.h "Zero-fill fault-around"): when a zero
-  // fault follows the previous one's run, up to this many further
-  // never-written blocks are mapped by the same ioctl (the run doubles from
-  // 2 up to it, and restarts at a non-sequential fault; capped at 256 KiB
-  // per ioctl and by the budget's headroom). 0 turns it off.
+  // fault continues a first-touch stream (right after the previous run when
+  // ascending, right below it when descending), up to this many further
+  // never-written blocks on the stream's side are mapped by the same ioctl
+  // (the run doubles from 2 up to it, and restarts at a fault that continues
+  // no stream; capped at 256 KiB per ioctl and by the budget's headroom).
+  // 0 turns it off.
   uint32_t zero_fault_around = 32;
   // Blocks mapped ahead of a WRITE zero fault: writable and dirty (true: a
   // sequential writer takes no fault on them; one it never writes is

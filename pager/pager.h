@@ -21,35 +21,52 @@
 //   * write to a clean (write-protected) block: WP fault -> dirty, unprotect
 //     (with WP_ASYNC, below: no fault at all, the kernel lets it through);
 //   * victim-cache block (evicted but still local): UFFDIO_COPY from its slot
-//     (writable + dirty for a write fault, as above).
+//     (writable + dirty for a write fault, as above; a dirty block comes
+//     back writable whatever the fault: it is written back anyway).
 //
 // Zero-fill fault-around (config.zero_fault_around, FARMEM_ZERO_AROUND):
 // first touches usually walk forward (memset, a growing buffer, a sort's
-// run). A zero fault on the block right after the previous zero fault's
-// run (8 streams remembered, shared by the handlers) also maps the
-// never-written blocks after it, in the same UFFDIO_COPY: 2 the first time,
-// doubling up to the limit (32; at most 256 KiB per ioctl), back to the
-// faulting block alone at a fault that continues no stream. Only a
-// contiguous run of Empty blocks, each taken Empty -> Fetching like a zero
-// fault, and only within the headroom below the high watermark (a guess
-// never wakes the evictor nor takes a demand fault's room). A read fault
-// maps the run write-protected and clean; a write fault maps it writable
-// and dirty (config.zero_around_writable), so that a sequential writer
-// takes one fault per run instead of one per block. A block mapped so and
-// never written costs no I/O: demotion finds a dirty block with no remote
-// copy all-zero (clean_if_zero(), a scan of the just-copied slot that stops
-// at the first non-zero word) and drops it back to Empty. Counted in
+// input) or backward (GNU sort's line table and merge buffer fill its
+// buffer from the top down). 8 streams are remembered, shared by the
+// handlers, each by its edge: the last block it mapped (the top of an
+// ascending run, the bottom of a descending one). A zero fault on the block
+// right above an ascending stream's edge also maps the never-written blocks
+// after it, one right below a descending stream's edge the blocks below it
+// (the faulting block is then the highest of the run), and a fault next to
+// a new stream's single block (either side) decides its direction; all in
+// the same UFFDIO_COPY as the faulting block: 2 the first time, doubling up
+// to the limit (32; at most 256 KiB per ioctl), back to the faulting block
+// alone at a fault that continues no stream. Only a contiguous run of Empty
+// blocks, each taken Empty -> Fetching like a zero fault, and only within
+// the headroom below the high watermark (a guess never wakes the evictor
+// nor takes a demand fault's room). A read fault maps the run
+// write-protected and clean; a write fault maps it writable and dirty
+// (config.zero_around_writable), so that a sequential writer takes one
+// fault per run instead of one per block. A block mapped so and never
+// written costs no I/O: demotion finds a dirty block with no remote copy
+// all-zero (clean_if_zero(), a scan of the just-copied slot that stops at
+// the first non-zero word) and drops it back to Empty. Counted in
 // zero_around (blocks mapped ahead) and zero_cleaned.
-// Measured (bench/preload_overhead.sh --reps 3, loopback, 2 cores at load
-// average 7-13, so wall and CPU ratios moved by +-0.3 between identical
-// runs and decide nothing): zero faults sort 15770 -> 9138 (its line
-// pointers fill its buffer downwards, which no stream detects yet: the
-// next thing to add), python 21837 -> 4162; mapping ahead of a write
-// write-protected instead (FARMEM_ZERO_AROUND_WRITABLE=0) adds a WP fault
-// per block then written (sort: 9156 zero + 6614 WP, no gain over 15770;
-// writable: 9111 zero + 0 WP), so writable is kept. The all-zero check
-// costs 0.14-0.32 us per all-zero 4 KiB block (cache-hot, same machine),
-// only for dirty blocks never written back.
+// Strided first touches (b, b+k, b+2k: a column walk) are not followed: a
+// run with holes left unmapped is one ioctl per block (only the hand-off
+// saved), and mapping the holes too (a fault up to k blocks past an edge
+// continuing its stream, one ioctl) was simulated on sort's first-touch
+// trace: 1069 -> 824 faults for k <= 2, 693 for k <= 5 (~1-2 ms of handler
+// time in a 1.3 s run); more streams (16, 32) change nothing. Not worth
+// the fault path's extra cases yet.
+// Measured (bench/preload_overhead.sh, loopback, 2 cores at load average
+// 7-13, so wall ratios moved by +-0.3 between identical runs and decide
+// nothing): ascending streams alone took zero faults sort 15770 -> 9138,
+// python 21837 -> 4162; descending streams too: sort 9152-9196 -> 1108-1193
+// (peak resident 61.7 MiB both: the runs map nothing sort does not touch),
+// mt 917-979 -> 656-790, python unchanged (~4160); sort's CPU ratio with /
+// without the library 1.38 / 1.53 -> 1.08 / 0.97 (--reps 5 --workload
+// sort, before and after interleaved, load average 8-9). Mapping ahead of
+// a write write-protected instead (FARMEM_ZERO_AROUND_WRITABLE=0) adds a
+// WP fault per block then written (sort, ascending only: 9156 zero + 6614
+// WP, no gain over 15770; writable: 9111 zero + 0 WP), so writable is kept.
+// The all-zero check costs 0.14-0.32 us per all-zero 4 KiB block
+// (cache-hot, same machine), only for dirty blocks never written back.
 //
 // Fault-path cost (cold remote fault, loopback, 4 KiB, one handler; handler
 // CPU from read() of the uffd event to the UFFDIO_COPY that wakes the
@@ -100,9 +117,16 @@
 // it never exceeds the budget (slack 0 blocks). Fixed overheads outside the
 // budget: staging (handlers x staging_blocks x block) and the free slots.
 //
-// Prefetch: per-region stream/stride/majority-trend detection (prefetch.h)
-// turns faults into READs into victim slots; once a stream is confirmed by
-// a hit, prefetched blocks are mapped at once (no fault at all). Hints:
+// Prefetch: per-region detection (prefetch.h: up to 32 concurrent
+// sequential streams, each with its own window, plus a stride/majority
+// trend) turns faults into READs into victim slots; once a stream is
+// confirmed by a hit, prefetched blocks are mapped at once (no fault at
+// all; writable and dirty when the stream writes) but for one marker block
+// half a window ahead, whose victim fault asks for the next window.
+// Prefetch fills the budget up to a small reserve kept for demand faults
+// (prefetch_limit_); what a full budget cuts short waits in the handler's
+// pending list (kicking the evictor) and is retried as room appears, while
+// its stream still wants it (retry_prefetches()). Hints:
 // prefetch(addr,len), evict(addr,len) (write back + drop now), discard(),
 // pin(addr,len) / unpin(addr,len) (resident until unpinned; see pin()).
 //
@@ -415,6 +439,15 @@ class Pager {
     uint64_t addr;
     uint64_t flags;
   };
+  // A prefetch candidate that could not be posted at once (prefetch_after()).
+  struct PendingPrefetch {
+    uint32_t block;
+    uint32_t stream;  // Prefetcher::Plan::stream: wanted while still_ahead()
+    uint64_t t;       // when its fault asked for it
+    uint32_t rank;    // distance from that fault, in candidates
+    bool map;         // map at once when it lands
+    bool write;       // ... writable and dirty (the stream writes)
+  };
   struct Handler {
     std::unique_ptr<Queue> q;
     pager_detail::Mapping staging;
@@ -423,6 +456,11 @@ class Pager {
     std::vector<uint32_t> free_inflight;
     std::vector<Deferred> deferred;
     std::vector<IoOp> ops;
+    // Prefetches cut short by the budget, the slots or the queue, retried
+    // by handler_main() (retry_prefetches()); ordered by rank, so that the
+    // streams share the room as it comes, nearest blocks first.
+    std::vector<PendingPrefetch> pending;
+    uint64_t pending_t = 0;  // when the newest entry was added
     size_t demand_outstanding = 0;
     std::thread thread;
     // Odd while the thread dispatches faults; prepare_fork() waits for an
@@ -461,16 +499,26 @@ class Pager {
   void run_deferred(Handler& h);
   void reap(Handler& h, int timeout_ms);
   void complete(Handler& h, const IoCompletion& c);
-  void prefetch_after(Handler& h, uint32_t b, bool hit);
+  void prefetch_after(Handler& h, uint32_t b, bool hit, bool write);
+  // Posts READs for the still-remote blocks of req[0..n) into victim slots,
+  // in order, until the prefetch budget, the slots or the queue run out
+  // (then kicks the evictor when it is room that ran out); returns how many
+  // of req were dealt with (posted or no longer remote).
+  size_t post_prefetches(Handler& h, const PendingPrefetch* req, size_t n);
+  void add_pending(Handler& h, const PendingPrefetch& e);
+  void retry_prefetches(Handler& h);
   void install_mapped(uint32_t b, const void* src, bool write, uint32_t flags_keep);
   // Zero-fill fault-around (see "Zero-fill fault-around" above).
-  // After the zero fault on b (owned, Fetching): how many blocks after b to
-  // map with it (the stream's window), and takes them (Empty -> Fetching,
-  // budget reserved); returns how many it took (0 .. window).
-  uint32_t zero_around_claim(uint32_t b);
-  // Maps [b, b + 1 + extra) (all owned, Fetching) as zeros; b writable and
-  // dirty for a write fault, the others as config.zero_around_writable says.
-  void install_zero_run(uint32_t b, uint32_t extra, bool write);
+  // After the zero fault on b (owned, Fetching): how many blocks next to b
+  // to map with it (the stream's window; after b for an ascending stream,
+  // below b for a descending one), and takes them (Empty -> Fetching,
+  // budget reserved); returns how many it took (0 .. window) and sets
+  // *first to the lowest block of the run: b ascending, b - taken descending.
+  uint32_t zero_around_claim(uint32_t b, uint32_t* first);
+  // Maps [first, first + n) (all owned, Fetching; n >= 2) as zeros; b, the
+  // faulting block, is first or first + n - 1; b writable and dirty for a
+  // write fault, the others as config.zero_around_writable says.
+  void install_zero_run(uint32_t first, uint32_t n, uint32_t b, bool write);
   // Demotion, after the block's bytes were copied to its slot (the block
   // is owned and write-protected or unmapped, so they are final): a dirty
   // block that has no remote copy and holds only zeros is the same as a
@@ -533,15 +581,29 @@ class Pager {
   std::atomic<uint64_t> budget_full_{0};
   static constexpr uint64_t kPressureNs = 100ull * 1000 * 1000;
   int64_t prefetch_limit_ = 0;
-  // Zero-fill fault-around: the largest run after the faulting block
+  // Prefetch candidates kept per handler for a retry, and for how long.
+  static constexpr size_t kMaxPending = 128;
+  static constexpr uint64_t kPendingNs = 5ull * 1000 * 1000;
+  // Zero-fill fault-around: the largest run next to the faulting block
   // (config, capped so that one run is at most 256 KiB), and the recent
-  // first-touch streams, each {next block expected + 1 (low 32 bits),
-  // window (high 32)}; shared by the handlers, updated with relaxed atomics
-  // (a lost update only costs a shorter run: the page table decides who
-  // maps a block).
+  // first-touch streams, each one word (zero_stream()):
+  //   bits  0..31  edge + 1 (0: a free entry); the edge is the stream's last
+  //                block mapped: the highest of its run ascending, the lowest
+  //                descending, the faulting block of a new stream
+  //   bits 32..47  window (the last run's length, 1 .. zero_around_max_)
+  //   bits 48..49  direction: kZeroEither (new: edge + 1 continues it up,
+  //                edge - 1 down), kZeroUp (edge + 1), kZeroDown (edge - 1)
+  // Shared by the handlers, read and replaced with relaxed atomics, no
+  // read-modify-write: a lost or stale update only costs a shorter run or a
+  // wrong guess (budget), never correctness, as the page table decides who
+  // maps a block (Empty -> Fetching CAS per block).
   uint32_t zero_around_max_ = 0;
   static constexpr size_t kZeroStreams = 8;
   static constexpr uint32_t kZeroAroundMaxBytes = 256u << 10;
+  static constexpr uint64_t kZeroEither = 0, kZeroUp = 1, kZeroDown = 2;
+  static constexpr uint64_t zero_stream(uint64_t edge, uint64_t window, uint64_t dir) {
+    return (dir << 48) | (window << 32) | (edge + 1);
+  }
   std::atomic<uint64_t> zero_streams_[kZeroStreams] = {};
   std::atomic<uint32_t> zero_stream_next_{0};
   uint32_t n_slots_ = 0;
@@ -688,7 +750,17 @@ Status Pager<B>::init() {
   low_blocks_ = static_cast<int64_t>(cfg_.low_watermark * static_cast<double>(budget_blocks_));
   if (high_blocks_ >= budget_blocks_) high_blocks_ = budget_blocks_ - 1;
   if (low_blocks_ >= high_blocks_) low_blocks_ = high_blocks_ - 1;
-  prefetch_limit_ = budget_blocks_ - std::max<int64_t>(4, (budget_blocks_ - high_blocks_) / 2);
+  // Prefetch may fill the budget but for a small reserve that demand
+  // faults keep (so that none waits for the evictor because of a
+  // prefetch): half the gap to the high watermark, at most half a write-back
+  // batch. It must lie above the evictor's trigger (evictor_main(): two
+  // batches of headroom when faults do not wait), or a scan that keeps the
+  // budget full never gets room to prefetch into: the larger reserve it had
+  // (half the watermark gap, 369 blocks at a 96 MiB budget) let 4.9k of 120k
+  // blocks of the eval scan be prefetched.
+  prefetch_limit_ =
+      budget_blocks_ - std::max<int64_t>(4, std::min<int64_t>((budget_blocks_ - high_blocks_) / 2,
+                                                              cfg_.writeback_batch / 2));
   victim_target_ =
       static_cast<uint64_t>(cfg_.victim_fraction * static_cast<double>(budget_blocks_));
   // Start small: a working set that fits (or nearly) never pays for a large
@@ -748,6 +820,7 @@ Status Pager<B>::init() {
     for (size_t k = cap; k-- > 0;) h->free_inflight.push_back(static_cast<uint32_t>(k));
     h->deferred.reserve(4096);
     h->ops.reserve(cap);
+    h->pending.reserve(kMaxPending);
     handlers_.push_back(std::move(h));
   }
   auto eq = transport_->open_queue();
@@ -1087,6 +1160,11 @@ void Pager<B>::handler_main(Handler& h) {
     if (h.q->outstanding() > 0) {
       ts.tv_nsec = 20 * 1000;  // prefetches in flight: come back for them soon
       tp = &ts;
+    } else if (!h.pending.empty()) {
+      // Prefetches waiting for room (retry_prefetches()); the evictor makes
+      // it in batches, and polling faster costs the CPU it needs.
+      ts.tv_nsec = 200 * 1000;
+      tp = &ts;
     } else if (!h.deferred.empty()) {
       ts.tv_nsec = 200 * 1000;  // waiting for another thread's I/O or for budget
       tp = &ts;
@@ -1122,6 +1200,7 @@ void Pager<B>::handler_main(Handler& h) {
       size_t n = h.q->poll(comps);
       for (size_t i = 0; i < n; ++i) complete(h, comps[i]);
     }
+    if (!frozen && !h.pending.empty()) retry_prefetches(h);
     // Faults parked on blocks this thread just installed can go now,
     // without waiting for the next poll timeout.
     if (!frozen && !h.deferred.empty()) run_deferred(h);
@@ -1182,29 +1261,39 @@ void Pager<B>::install_mapped(uint32_t b, const void* src, bool write, uint32_t 
 }
 
 template <TransportBackend B>
-uint32_t Pager<B>::zero_around_claim(uint32_t b) {
-  // Streams are keyed by the block they expect next (+ 1, so that 0 is a
-  // free entry): a fault there continues the stream, any other starts one.
-  const uint64_t key = uint64_t{b} + 1;
+uint32_t Pager<B>::zero_around_claim(uint32_t b, uint32_t* first) {
+  *first = b;
+  // A fault right after a stream's edge continues it: b == edge + 1 an
+  // ascending one, b == edge - 1 a descending one (its edge is the lowest
+  // block of its last run), either for a new stream.
   size_t hit = kZeroStreams;
   uint64_t window = 0;
+  bool down = false;
   for (size_t i = 0; i < kZeroStreams; ++i) {
     const uint64_t v = zero_streams_[i].load(std::memory_order_relaxed);
-    if ((v & 0xffffffffu) == key) {
+    const uint64_t key = v & 0xffffffffu;
+    if (key == 0) continue;
+    const uint64_t edge = key - 1, dir = v >> 48;
+    if (dir != kZeroDown && edge + 1 == b) {
       hit = i;
-      window = v >> 32;
-      break;
+    } else if (dir != kZeroUp && edge == uint64_t{b} + 1) {
+      hit = i;
+      down = true;
+    } else {
+      continue;
     }
+    window = (v >> 32) & 0xffffu;
+    break;
   }
   if (hit == kZeroStreams) {
-    // Not sequential: b alone, and a stream expecting b + 1 (window 1, so
-    // that its first continuation maps 2 ahead).
+    // Not a continuation: b alone, and a new stream whose edge is b, going
+    // either way (window 1, so that its first continuation maps 2).
     const size_t i = zero_stream_next_.fetch_add(1, std::memory_order_relaxed) % kZeroStreams;
-    zero_streams_[i].store((uint64_t{1} << 32) | (key + 1), std::memory_order_relaxed);
+    zero_streams_[i].store(zero_stream(b, 1, kZeroEither), std::memory_order_relaxed);
     return 0;
   }
   window = std::min<uint64_t>(std::max<uint64_t>(window * 2, 2), zero_around_max_);
-  uint64_t n = std::min<uint64_t>(window, n_blocks_ - 1 - b);
+  uint64_t n = std::min<uint64_t>(window, down ? uint64_t{b} : n_blocks_ - 1 - b);
   // Budget: only the headroom below the high watermark, so that a guess
   // never wakes the evictor nor takes the room a demand fault needs.
   int64_t cur = resident_.load(std::memory_order_relaxed);
@@ -1223,10 +1312,11 @@ uint32_t Pager<B>::zero_around_claim(uint32_t b) {
       break;
     }
   }
-  // Only a contiguous run of never-written blocks: one ioctl maps it.
+  // Only a contiguous run of never-written blocks next to b, on the
+  // stream's side: one ioctl maps it with b.
   uint32_t got = 0;
   while (got < n) {
-    const uint32_t c = b + 1 + got;
+    const uint32_t c = down ? b - 1 - got : b + 1 + got;
     uint32_t w = pt_.load(c);
     if (PageTable::state_of(w) != PageState::kEmpty ||
         !pt_.try_transition(c, w, PageTable::make(PageState::kFetching, 0, 0))) {
@@ -1235,36 +1325,48 @@ uint32_t Pager<B>::zero_around_claim(uint32_t b) {
     ++got;
   }
   if (got < n) unreserve(static_cast<int64_t>(n - got));
-  zero_streams_[hit].store((window << 32) | (key + got + 1), std::memory_order_relaxed);
+  if (down) *first = b - got;
+  // A run cut short (budget, a block not Empty) keeps its window: the next
+  // fault past the new edge tries again.
+  zero_streams_[hit].store(
+      down ? zero_stream(b - got, window, kZeroDown) : zero_stream(b + got, window, kZeroUp),
+      std::memory_order_relaxed);
   return got;
 }
 
 template <TransportBackend B>
-void Pager<B>::install_zero_run(uint32_t b, uint32_t extra, bool write) {
+void Pager<B>::install_zero_run(uint32_t first, uint32_t n, uint32_t b, bool write) {
   const bool ahead_writable = write && cfg_.zero_around_writable;
   int err = 0;
   Errc e;
   if (write && !ahead_writable) {
-    // The blocks ahead (write-protected; nobody waits on them) before b,
-    // whose copy wakes the faulting thread: it finds them mapped.
-    e = uffd_.copy(block_addr(b + 1), zero_.ptr, uint64_t{extra} * block_, true, &err);
+    // The others (write-protected; nobody waits on them) before b, whose
+    // copy wakes the faulting thread: it finds them mapped. They are
+    // contiguous: above b ascending, below it descending.
+    const uint32_t others = b == first ? first + 1 : first;
+    e = uffd_.copy(block_addr(others), zero_.ptr, uint64_t{n - 1} * block_, true, &err);
     if (e == Errc::kOk) e = uffd_.copy(block_addr(b), zero_.ptr, block_, false, &err);
   } else {
-    e = uffd_.copy(block_addr(b), zero_.ptr, uint64_t{extra + 1} * block_, !ahead_writable, &err);
+    // One copy of the whole run, b included (the highest block of a
+    // descending run): it wakes the faulting thread.
+    e = uffd_.copy(block_addr(first), zero_.ptr, uint64_t{n} * block_, !ahead_writable, &err);
   }
   if (e != Errc::kOk) {
     fatal(
-        "pager: UFFDIO_COPY of %u zero blocks at %p (block %u) failed: %s; the page table "
-        "and the mapping disagree",
-        extra + 1, static_cast<void*>(block_addr(b)), b, strerror(err));
+        "pager: UFFDIO_COPY of %u zero blocks at %p (faulting block %u) failed: %s; the page "
+        "table and the mapping disagree",
+        n, static_cast<void*>(block_addr(first)), b, strerror(err));
   }
+  // Active list in the order the stream will use the blocks: b first (the
+  // oldest), then away from it.
+  const bool up = b == first;
   {
     std::lock_guard<std::mutex> lk(list_mu_);
-    for (uint32_t i = 0; i <= extra; ++i) active_.push_front(b + i);
+    for (uint32_t i = 0; i < n; ++i) active_.push_front(up ? b + i : b - i);
   }
   pt_.finish(b, PageTable::make(PageState::kPresent, write ? PageTable::kDirty : 0, 0));
-  for (uint32_t i = 1; i <= extra; ++i) {
-    pt_.finish(b + i,
+  for (uint32_t i = 1; i < n; ++i) {
+    pt_.finish(up ? b + i : b - i,
                PageTable::make(PageState::kPresent, ahead_writable ? PageTable::kDirty : 0, 0));
   }
 }
@@ -1372,13 +1474,14 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
           unreserve();
           continue;
         }
-        const uint32_t extra = zero_around_max_ > 0 ? zero_around_claim(b) : 0;
+        uint32_t first = b;
+        const uint32_t extra = zero_around_max_ > 0 ? zero_around_claim(b, &first) : 0;
         counters_.bump(counters_.faults_zero);  // before the wake, as above
         if (extra == 0) {
           install_mapped(b, zero_.ptr, write, 0);
         } else {
           counters_.bump(counters_.zero_around, extra);
-          install_zero_run(b, extra, write);
+          install_zero_run(first, extra + 1, b, write);
         }
         return Outcome::kDone;
       }
@@ -1413,7 +1516,7 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
         h.inflight[k].server = op.remote.server;
         ++h.demand_outstanding;
         counters_.bump(counters_.reads);
-        if (cfg_.prefetch) prefetch_after(h, b, false);
+        if (cfg_.prefetch) prefetch_after(h, b, false, write);
         return Outcome::kDone;
       }
       case PageState::kVictim: {
@@ -1429,9 +1532,14 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
         counters_.bump(counters_.faults_victim);  // before the wake, as above
         if (was_prefetched) counters_.bump(counters_.prefetch_used);
         bool moved = use_move_ && promote_by_move(b, slot, write, w);
-        if (!moved) install_mapped(b, slot_addr(slot), write, w);
+        // A dirty block comes back writable even for a read fault: it is
+        // written back when it leaves whatever happens, so write protection
+        // would only cost a WP fault at its next write (eval kv, whose
+        // inserts read a slot before writing it: WP faults 139k -> 114k at
+        // 75%, 255k -> 213k at 50%).
+        if (!moved) install_mapped(b, slot_addr(slot), write || (w & PageTable::kDirty) != 0, w);
         free_slot(slot, moved);
-        if (cfg_.prefetch) prefetch_after(h, b, was_prefetched);
+        if (cfg_.prefetch) prefetch_after(h, b, was_prefetched, write);
         return Outcome::kDone;
       }
       default:
@@ -1444,23 +1552,62 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
 }
 
 template <TransportBackend B>
-void Pager<B>::prefetch_after(Handler& h, uint32_t b, bool hit) {
+void Pager<B>::prefetch_after(Handler& h, uint32_t b, bool hit, bool write) {
   uint32_t cand[256];
-  size_t cap = cfg_.prefetch_max_window < 256 ? cfg_.prefetch_max_window : 256;
-  bool confirmed = false;
-  size_t n = prefetcher_->on_fault(b, hit, cand, cap, &confirmed);
-  h.ops.clear();
+  const size_t cap = cfg_.prefetch_max_window < 256 ? cfg_.prefetch_max_window : 256;
+  Prefetcher::Plan plan;
+  const size_t n = prefetcher_->on_fault(b, hit, write, cand, cap, &plan);
+  if (plan.stream != Prefetcher::kNoStream && !h.pending.empty()) {
+    // This fault's candidates replace what its stream left pending.
+    size_t keep = 0;
+    for (const PendingPrefetch& e : h.pending)
+      if (e.stream != plan.stream) h.pending[keep++] = e;
+    h.pending.resize(keep);
+  }
+  if (n == 0) return;
+  PendingPrefetch req[256];
+  const uint64_t now = pager_detail::now_ns();
   for (size_t i = 0; i < n; ++i) {
+    // On a confirmed stream every block but the marker is mapped when it
+    // lands (writable and dirty when the stream writes: no WP fault each).
+    const bool map = plan.confirmed && cand[i] != plan.marker;
+    req[i] = PendingPrefetch{.block = cand[i],
+                             .stream = plan.stream,
+                             .t = now,
+                             .rank = static_cast<uint32_t>(i),
+                             .map = map,
+                             .write = map && plan.write};
+  }
+  const size_t done = post_prefetches(h, req, n);
+  // A scan keeps the budget full: what did not fit now is retried as the
+  // evictor makes room (kicked by post_prefetches()), rather than dropped
+  // until the stream's next fault, which would then be a demand fault.
+  if (plan.stream != Prefetcher::kNoStream)
+    for (size_t i = done; i < n; ++i) add_pending(h, req[i]);
+}
+
+template <TransportBackend B>
+size_t Pager<B>::post_prefetches(Handler& h, const PendingPrefetch* req, size_t n) {
+  h.ops.clear();
+  bool no_room = false;
+  size_t i = 0;
+  for (; i < n; ++i) {
     if (h.free_inflight.empty() || h.q->outstanding() + h.ops.size() + 1 > h.q->depth()) break;
     // Prefetch leaves a few blocks of the budget to demand faults, so that
     // they do not wait for the evictor because of a prefetch.
-    if (resident_.load(std::memory_order_relaxed) >= prefetch_limit_) break;
-    const uint32_t c = cand[i];
+    if (resident_.load(std::memory_order_relaxed) >= prefetch_limit_) {
+      no_room = true;
+      break;
+    }
+    const uint32_t c = req[i].block;
     uint32_t w = pt_.load(c);
     if (PageTable::state_of(w) != PageState::kRemote) continue;
     uint32_t slot = alloc_slot();
-    if (slot == kNoSlot) break;
-    if (!reserve()) {
+    if (slot == kNoSlot) {
+      no_room = true;
+      break;
+    }
+    if (!reserve()) {  // it kicked the evictor
       free_slot(slot);
       break;
     }
@@ -1479,13 +1626,14 @@ void Pager<B>::prefetch_after(Handler& h, uint32_t b, bool hit) {
     }
     uint32_t k = h.free_inflight.back();
     h.free_inflight.pop_back();
-    h.inflight[k] = Inflight{c, slot, true, false, confirmed, 0, from.server};
+    h.inflight[k] = Inflight{c, slot, true, req[i].write, req[i].map, 0, from.server};
     h.ops.push_back(IoOp{IoKind::kRead, block_, from, slot_addr(slot), k});
   }
-  if (h.ops.empty()) return;
+  if (no_room) kick_evictor();
+  if (h.ops.empty()) return i;
   Errc pe = h.q->post({h.ops.data(), h.ops.size()});
   if (pe != Errc::kOk) {
-    // Not fatal: nobody waits on a prefetch. Undo it.
+    // Not fatal: nobody waits on a prefetch. Undo it, and forget the rest.
     for (const IoOp& op : h.ops) {
       remote_->read_done(op.remote.server);
       Inflight& f = h.inflight[op.cookie];
@@ -1494,10 +1642,56 @@ void Pager<B>::prefetch_after(Handler& h, uint32_t b, bool hit) {
       pt_.finish(f.block, PageTable::make(PageState::kRemote, 0, 0));
       h.free_inflight.push_back(static_cast<uint32_t>(op.cookie));
     }
-    return;
+    return n;
   }
   counters_.bump(counters_.prefetch_issued, h.ops.size());
   counters_.bump(counters_.reads, h.ops.size());
+  return i;
+}
+
+template <TransportBackend B>
+void Pager<B>::add_pending(Handler& h, const PendingPrefetch& e) {
+  // Sorted by rank (stable): a retry serves every stream's nearest blocks
+  // first. Full: the farthest entry goes. Never reallocates (reserved).
+  auto& v = h.pending;
+  h.pending_t = e.t;
+  if (v.size() == kMaxPending) {
+    if (v.back().rank <= e.rank) return;
+    v.pop_back();
+  }
+  auto pos = v.end();
+  while (pos != v.begin() && (pos - 1)->rank > e.rank) --pos;
+  v.insert(pos, e);
+}
+
+template <TransportBackend B>
+void Pager<B>::retry_prefetches(Handler& h) {
+  // Runs on every turn of the handler loop: nothing to do until the
+  // evictor made room (one load), but for forgetting a list that grew old
+  // (a handler with entries left polls every 200 us).
+  const uint64_t now = pager_detail::now_ns();
+  if (now - h.pending_t > kPendingNs) {
+    h.pending.clear();
+    return;
+  }
+  if (resident_.load(std::memory_order_relaxed) >= prefetch_limit_) return;
+  // Drop what is no longer wanted: fetched meanwhile (by a demand fault, the
+  // other handler or a newer candidate list), or too old.
+  size_t keep = 0;
+  for (const PendingPrefetch& e : h.pending) {
+    if (now - e.t <= kPendingNs && PageTable::state_of(pt_.load(e.block)) == PageState::kRemote)
+      h.pending[keep++] = e;
+  }
+  h.pending.resize(keep);
+  if (h.pending.empty()) return;
+  // ... or that its stream has passed or given up (a block it already read
+  // and that was evicted again would be fetched for nothing).
+  keep = 0;
+  for (const PendingPrefetch& e : h.pending)
+    if (prefetcher_->still_ahead(e.stream, e.block)) h.pending[keep++] = e;
+  h.pending.resize(keep);
+  const size_t done = post_prefetches(h, h.pending.data(), h.pending.size());
+  h.pending.erase(h.pending.begin(), h.pending.begin() + static_cast<std::ptrdiff_t>(done));
 }
 
 template <TransportBackend B>
@@ -1533,9 +1727,11 @@ void Pager<B>::complete(Handler& h, const IoCompletion& c) {
   if (f.map) {
     // The stream was confirmed (a hit on an earlier prefetch, or a fault
     // just past blocks mapped ahead on the same trend): map the
-    // block now (write-protected, clean) so that the scan does not fault on
-    // it at all. Whether it is then used cannot be observed.
-    install_mapped(f.block, slot_addr(f.buf), false, 0);
+    // block now so that the scan does not fault on it at all: write-protected
+    // and clean, or writable and dirty when the stream writes (f.write; a
+    // written stream would take a WP fault on every block otherwise).
+    // Whether it is then used cannot be observed.
+    install_mapped(f.block, slot_addr(f.buf), f.write, 0);
     free_slot(f.buf);
     counters_.bump(counters_.prefetch_mapped);
     return;

@@ -7,6 +7,8 @@ namespace {
 
 constexpr uint32_t kInitialWindow = 4;
 constexpr int64_t kMaxStride = 256;  // blocks; a larger jump is not a stream
+constexpr uint32_t kGenMask = (1u << 27) - 1;
+static_assert(Prefetcher::kStreams == 32, "a stream tag keeps the entry index in 5 bits");
 
 }  // namespace
 
@@ -51,9 +53,38 @@ int64_t Prefetcher::trend_locked() const {
   return 0;
 }
 
-size_t Prefetcher::on_fault(uint32_t b, bool prefetch_hit, uint32_t* out, size_t cap,
-                            bool* confirmed) {
+int Prefetcher::match_locked(int64_t b) const {
+  // A stream with a direction continues at any block from its next one to
+  // just past its prefetch front (blocks mapped ahead never fault), or on
+  // its last block again; one seen once continues one block either way.
+  int best = -1;
+  bool best_strong = false;
+  for (int i = 0; i < kStreams; ++i) {
+    const Stream& s = streams_[i];
+    if (s.last < 0) continue;
+    bool strong = false;
+    if (s.dir != 0) {
+      const int64_t st = steps(s, b);
+      const int64_t reach = std::max<int64_t>(1, steps(s, s.front) + 1);
+      if (st < 0 || st > reach) continue;
+      strong = true;
+    } else if (b != s.last && b != s.last + 1 && b != s.last - 1) {
+      continue;
+    }
+    if (best < 0 || (strong && !best_strong) ||
+        (strong == best_strong && s.stamp > streams_[best].stamp)) {
+      best = i;
+      best_strong = strong;
+    }
+  }
+  return best;
+}
+
+size_t Prefetcher::on_fault(uint32_t b, bool prefetch_hit, bool write, uint32_t* out, size_t cap,
+                            Plan* plan) {
+  *plan = Plan{};
   std::lock_guard<std::mutex> lk(mu_);
+  // The trend detector sees every fault.
   bool continues = false;
   if (last_block_ >= 0) {
     int64_t raw = static_cast<int64_t>(b) - last_block_;
@@ -73,9 +104,77 @@ size_t Prefetcher::on_fault(uint32_t b, bool prefetch_hit, uint32_t* out, size_t
     unused_streak_ = 0;
     window_ = std::min<uint32_t>(max_window_, std::max<uint32_t>(kInitialWindow, window_ * 2));
   }
-  int64_t d = trend_locked();
+  const int64_t d = trend_locked();
   last_trend_ = d;
-  if (confirmed) *confirmed = d != 0 && (prefetch_hit || continues);
+
+  // Sequential streams.
+  ++clock_;
+  const int64_t bb = b;
+  const int i = match_locked(bb);
+  if (i < 0) {
+    // A new stream replaces the least recently used one.
+    int v = 0;
+    for (int k = 1; k < kStreams; ++k)
+      if (streams_[k].stamp < streams_[v].stamp) v = k;
+    Stream& s = streams_[v];
+    const uint32_t gen = (s.gen + 1) & kGenMask;
+    s = Stream{};
+    s.gen = gen;
+    s.last = s.front = bb;
+    s.stamp = clock_;
+    s.write = write;
+  } else {
+    Stream& s = streams_[i];
+    s.stamp = clock_;
+    s.write = write;
+    if (s.dir == 0) {
+      if (bb != s.last) {
+        s.dir = bb > s.last ? 1 : -1;
+        s.run = 1;
+        s.last = s.front = bb;
+      }
+    } else if (const int64_t st = steps(s, bb); st > 0) {
+      // Past the next block: over blocks prefetched for this stream.
+      if (prefetch_hit || st > 1) {
+        s.confirmed = true;
+        s.window =
+            std::min<uint32_t>(max_window_, std::max<uint32_t>(kInitialWindow, s.window * 2));
+      }
+      if (s.run < 1024) ++s.run;
+      s.last = bb;
+      if (steps(s, s.front) < 0) s.front = bb;
+    } else if (prefetch_hit) {
+      s.confirmed = true;
+    }
+    if (s.dir != 0 && (s.run >= 2 || s.confirmed)) {
+      if (s.window == 0) s.window = std::min<uint32_t>(kInitialWindow, max_window_);
+      size_t n = 0;
+      for (uint32_t k = 1; k <= s.window && n < cap; ++k) {
+        const int64_t c = bb + s.dir * static_cast<int64_t>(k);
+        if (c < 0 || static_cast<uint64_t>(c) >= n_blocks_) break;
+        out[n++] = static_cast<uint32_t>(c);
+      }
+      // The marker: half a window ahead, and past the old front (a block
+      // handed out before may be mapped already and would never fault).
+      const int64_t old_front = steps(s, s.front);
+      const size_t mk = static_cast<size_t>(std::max<int64_t>(s.window / 2 + 1, old_front + 1));
+      if (n > 0 && steps(s, out[n - 1]) > old_front) s.front = out[n - 1];
+      plan->confirmed = s.confirmed;
+      plan->write = s.write;
+      plan->stream = tag(i);
+      // One marker at a time: while the last one is still ahead, its fault
+      // is what asks for the next window.
+      if (s.confirmed && mk <= n && (s.marker < 0 || steps(s, s.marker) <= 0)) {
+        plan->marker = out[mk - 1];
+        s.marker = out[mk - 1];
+      }
+      return n;
+    }
+  }
+
+  // No sequential stream: the strided / majority trend.
+  plan->confirmed = d != 0 && (prefetch_hit || continues);
+  plan->write = write;
   if (d == 0) {
     window_ /= 2;
     return 0;
@@ -90,12 +189,37 @@ size_t Prefetcher::on_fault(uint32_t b, bool prefetch_hit, uint32_t* out, size_t
   return n;
 }
 
+size_t Prefetcher::on_fault(uint32_t b, bool prefetch_hit, uint32_t* out, size_t cap,
+                            bool* confirmed) {
+  Plan plan;
+  size_t n = on_fault(b, prefetch_hit, false, out, cap, &plan);
+  if (confirmed) *confirmed = plan.confirmed;
+  return n;
+}
+
 void Prefetcher::on_unused() {
   std::lock_guard<std::mutex> lk(mu_);
   if (++unused_streak_ >= 4) {
     window_ /= 2;
+    for (Stream& s : streams_)
+      if (s.window > kInitialWindow) s.window /= 2;
     unused_streak_ = 0;
   }
+}
+
+bool Prefetcher::still_ahead(uint32_t stream, uint32_t b) {
+  if (stream == kNoStream) return false;
+  std::lock_guard<std::mutex> lk(mu_);
+  const Stream& s = streams_[stream & (kStreams - 1)];
+  if (s.last < 0 || s.dir == 0 || s.gen != (stream >> 5)) return false;
+  const int64_t st = steps(s, b);
+  return st >= 1 && st <= static_cast<int64_t>(s.window);
+}
+
+uint32_t Prefetcher::stream_window(uint32_t b) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const int i = match_locked(b);
+  return i < 0 || streams_[i].dir == 0 ? 0 : streams_[i].window;
 }
 
 }  // namespace farmem

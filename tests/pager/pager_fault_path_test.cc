@@ -1,8 +1,9 @@
 // The fault path's fault counts: a first write to a never-written block is
 // one fault (mapped writable + dirty), a write hitting the victim cache is
-// one fault, and sequential first touches are served by zero-fill
-// fault-around (one ioctl maps a run ahead of the fault), within the budget
-// and without transport traffic for blocks that were never written.
+// one fault, and sequential first touches, ascending or descending, are
+// served by zero-fill fault-around (one ioctl maps a run next to the
+// fault, on the stream's side), within the budget and without transport
+// traffic for blocks that were never written.
 //
 //   ctest -R PagerFaultPath
 #include <gtest/gtest.h>
@@ -150,6 +151,151 @@ TEST(PagerFaultPath, SequentialFirstReadsFaultAroundWithoutTraffic) {
   EXPECT_EQ(rig.donor.writes(), 1u) << s.to_string();
   EXPECT_EQ(rig.donor.reads(), 1u) << s.to_string();
   EXPECT_EQ(s.reads, 1u) << s.to_string();
+}
+
+// Writes fill_page(pg, 0) into pages [first, first + n) from the top down.
+void write_desc(uint8_t* mem, size_t first, size_t n) {
+  for (size_t pg = first + n; pg-- > first;) fill_page(mem + pg * kPage, pg, 0);
+}
+
+// Descending first-touch writes (GNU sort fills its line table from the top
+// of its buffer down): 1024 blocks split between the threads, each its own
+// range with a gap of 256 blocks BELOW it (a descending run overshoots
+// downwards, at most 64 blocks). One stream per thread and 8 streams
+// remembered: no stream is ever replaced, so the bounds hold whatever the
+// scheduling; the budget is above the data plus every overshoot, so the
+// watermark never cuts a run.
+void descending_writes(int threads) {
+  const size_t kPerThread = 1024 / static_cast<size_t>(threads);
+  const size_t pages = kPerThread * static_cast<size_t>(threads);
+  const size_t stride = kPerThread + 256;
+  LoopbackRig rig(512ull << 20);
+  P& p = rig.start(fault_path_config(pages + 1024, 4 * pages + 4096));
+  auto* mem = static_cast<uint8_t*>(p.base());
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([=] { write_desc(mem, static_cast<size_t>(t) * stride + 256, kPerThread); });
+  }
+  for (auto& th : ts) th.join();
+  const PagerStats s = p.stats();
+  EXPECT_LE(s.faults_zero, pages / 8) << s.to_string();
+  EXPECT_EQ(s.faults_wp, 0u) << s.to_string();
+  EXPECT_GE(s.faults_zero + s.zero_around, pages) << s.to_string();
+  EXPECT_LE(s.zero_around, pages + 64u * static_cast<uint64_t>(threads)) << s.to_string();
+  EXPECT_EQ(s.reads + s.writes, 0u) << s.to_string();
+  EXPECT_EQ(rig.donor.reads() + rig.donor.writes(), 0u);
+  EXPECT_LE(s.resident_peak_bytes, s.budget_bytes) << s.to_string();
+  // Out to the donor and back: exactly the written blocks are written (the
+  // ones mapped below a range and never written are all-zero: back to
+  // Empty without a WRITE), and read back byte-exact.
+  const size_t span = static_cast<size_t>(threads) * stride;
+  ASSERT_TRUE(p.evict(mem, span * kPage).ok());
+  EXPECT_EQ(rig.donor.writes(), pages);
+  EXPECT_EQ(p.resident_bytes(), 0u);
+  for (int t = 0; t < threads; ++t) {
+    const size_t first = static_cast<size_t>(t) * stride + 256;
+    for (size_t pg = first; pg < first + kPerThread; ++pg) {
+      uint8_t expect[kPage];
+      fill_page(expect, pg, 0);
+      ASSERT_EQ(memcmp(mem + pg * kPage, expect, kPage), 0) << "page " << pg;
+    }
+    // The gap below the range: zeros, served without I/O.
+    for (size_t pg = first - 256; pg < first; ++pg) {
+      ASSERT_EQ(mem[pg * kPage + 17], 0u) << "page " << pg;
+    }
+  }
+  EXPECT_EQ(rig.donor.reads(), pages);
+}
+
+TEST(PagerFaultPath, DescendingFirstWritesFaultAround1Thread) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  descending_writes(1);
+}
+TEST(PagerFaultPath, DescendingFirstWritesFaultAround2Threads) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  descending_writes(2);
+}
+TEST(PagerFaultPath, DescendingFirstWritesFaultAround8Threads) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  descending_writes(8);
+}
+
+// Descending reads of never-written blocks: mapped write-protected and
+// clean, as ascending ones (a later write is a WP fault), no traffic.
+TEST(PagerFaultPath, DescendingFirstReadsFaultAroundWithoutTraffic) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  LoopbackRig rig;
+  P& p = rig.start(fault_path_config(2048, 8192));
+  auto* mem = static_cast<volatile uint8_t*>(p.base());
+  uint64_t sum = 0;
+  for (size_t pg = 1024 + 256; pg-- > 256;) sum += mem[pg * kPage + 100];
+  EXPECT_EQ(sum, 0u);
+  PagerStats s = p.stats();
+  EXPECT_LE(s.faults_zero, 1024u / 8) << s.to_string();
+  EXPECT_GE(s.faults_zero + s.zero_around, 1024u) << s.to_string();
+  EXPECT_EQ(s.faults_wp, 0u) << s.to_string();
+  EXPECT_EQ(s.reads + s.writes, 0u) << s.to_string();
+  // Mapped clean: a write to one is a WP fault.
+  mem[700 * kPage] = 9;
+  s = p.stats();
+  EXPECT_EQ(s.faults_wp, 1u) << s.to_string();
+  ASSERT_TRUE(p.evict(const_cast<uint8_t*>(mem), 1400 * kPage).ok());
+  for (size_t pg = 256; pg < 1024 + 256; ++pg) sum += mem[pg * kPage + 100];
+  EXPECT_EQ(sum, 0u);
+  EXPECT_EQ(mem[700 * kPage], 9u);
+  s = p.stats();
+  EXPECT_EQ(rig.donor.writes(), 1u) << s.to_string();
+  EXPECT_EQ(rig.donor.reads(), 1u) << s.to_string();
+  EXPECT_EQ(s.reads, 1u) << s.to_string();
+}
+
+// Fault-around off (config.zero_fault_around = 0, FARMEM_ZERO_AROUND=0):
+// every block of a descending (or ascending) first-touch walk is one fault.
+TEST(PagerFaultPath, DescendingWithoutFaultAroundIsOneFaultPerBlock) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  LoopbackRig rig;
+  PagerConfig c = fault_path_config(4096, 8192);  // nothing evicted
+  c.zero_fault_around = 0;
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  write_desc(mem, 256, 1024);
+  write_seq(mem, 2048, 1024);
+  const PagerStats s = p.stats();
+  EXPECT_EQ(s.faults_zero, 2048u) << s.to_string();
+  EXPECT_EQ(s.zero_around, 0u) << s.to_string();
+  EXPECT_EQ(s.faults_wp, 0u) << s.to_string();
+  EXPECT_EQ(first_bad_page(mem, 256 + 1024, 0, 256), 256u + 1024u);
+  EXPECT_EQ(first_bad_page(mem, 2048 + 1024, 0, 2048), 2048u + 1024u);
+}
+
+// A descending run stops at a block that is not Empty: written blocks in
+// the way (one resident, one evicted to the donor) keep their bytes, and
+// the stream carries on below them.
+TEST(PagerFaultPath, DescendingRunStopsAtWrittenBlocks) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  LoopbackRig rig;
+  P& p = rig.start(fault_path_config(2048, 8192));
+  auto* mem = static_cast<uint8_t*>(p.base());
+  // Blocks 300 and 200: written alone (each starts a stream: no run), then
+  // 200 goes to the donor.
+  fill_page(mem + 300 * kPage, 300, 0);
+  fill_page(mem + 200 * kPage, 200, 0);
+  ASSERT_TRUE(p.evict(mem + 200 * kPage, kPage).ok());
+  ASSERT_EQ(p.state_of(mem + 200 * kPage), PageState::kRemote);
+  // A descending walk over [0, 1024) that skips them (and whatever
+  // fault-around mapped next to them: it reads as zeros, so it is written
+  // like any other block).
+  for (size_t pg = 1024; pg-- > 0;) {
+    if (pg == 300 || pg == 200) continue;
+    fill_page(mem + pg * kPage, pg, 0);
+  }
+  EXPECT_EQ(first_bad_page(mem, 1024, 0), 1024u);
+  const PagerStats s = p.stats();
+  EXPECT_LE(s.faults_zero, 1024u / 8) << s.to_string();
+  EXPECT_EQ(s.faults_wp, 0u) << s.to_string();
+  EXPECT_EQ(s.faults_remote, 1u) << s.to_string();  // block 200, by first_bad_page
+  ASSERT_TRUE(p.evict(mem, 1100 * kPage).ok());
+  EXPECT_EQ(first_bad_page(mem, 1024, 0), 1024u);
 }
 
 // Fault-around never takes the budget's last blocks: a sequential write of

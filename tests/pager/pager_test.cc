@@ -409,6 +409,15 @@ TEST(PagerTest, PrefetchInFlightFaultWaitsAndCountsAsHit) {
     fill_page(expect.data(), pg, 0);
     ASSERT_EQ(memcmp(mem + pg * kPage, expect.data(), kPage), 0) << "page " << pg;
   }
+  if (front == 0) {
+    // The prefetch kept ahead of the whole scan (a window cut short by the
+    // budget is retried as the evictor makes room): the front is past where
+    // the scan stopped, once the handler is quiet (a quiet handler posts
+    // nothing more: what it kept for a retry is too old by then).
+    ASSERT_TRUE(wait_until(quiet));
+    for (size_t pg = n - 256; pg < n && front == 0; ++pg)
+      if (p.state_of(mem + pg * kPage) == PageState::kRemote) front = pg;
+  }
   ASSERT_GT(front, 0u) << "the scan never reached the prefetch front\n" << p.stats().to_string();
   // From now on the donor answers the first READ (the demand fault on the
   // front) and holds the others (the prefetches that fault issues).

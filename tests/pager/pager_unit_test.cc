@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include "pager/config.h"
@@ -181,6 +183,176 @@ TEST(PrefetcherTest, StridedAndMajorityTrend) {
   size_t total = 0;
   for (uint32_t b : seq) total += rnd.on_fault(b, false, out, 8);
   EXPECT_EQ(total, 0u);
+}
+
+// The pager's side of prefetch, modelled for the Prefetcher tests: a
+// candidate still remote is fetched; on a confirmed stream it is mapped at
+// once (never faults) but for the plan's marker, otherwise it waits in the
+// victim cache (a fault on it is a prefetch hit). Nothing is evicted.
+struct PrefetchModel {
+  PrefetchModel(uint32_t max_window, uint64_t n) : pf(max_window, n), state(n, kRemote) {}
+  enum : uint8_t { kRemote, kVictim, kMapped };
+  Prefetcher pf;
+  std::vector<uint8_t> state;
+  std::vector<uint8_t> fetched_by_prefetch = std::vector<uint8_t>(state.size(), 0);
+  size_t demand = 0, hits = 0, issued = 0, candidates = 0;
+  size_t write_plans = 0, read_plans = 0, wrong_side = 0;
+  int last_dir = 0;  // direction of the last stream plan's candidates
+
+  void access(uint32_t b, bool write = false) {
+    if (state[b] == kMapped) return;
+    const bool hit = state[b] == kVictim;
+    ++(hit ? hits : demand);
+    state[b] = kMapped;
+    uint32_t out[64];
+    Prefetcher::Plan plan;
+    const size_t n = pf.on_fault(b, hit, write, out, 64, &plan);
+    candidates += n;
+    if (n > 0) ++(plan.write ? write_plans : read_plans);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t c = out[i];
+      // Nearest first, all on one side of the fault.
+      const int dir = c > b ? 1 : -1;
+      if (i == 0) last_dir = dir;
+      if (dir != last_dir) ++wrong_side;
+      if (state[c] != kRemote) continue;
+      ++issued;
+      fetched_by_prefetch[c] = 1;
+      state[c] = plan.confirmed && c != plan.marker ? kMapped : kVictim;
+    }
+  }
+  // Blocks fetched by prefetch that [lo, hi) of the streams never read.
+  size_t wasted(const std::vector<std::pair<uint32_t, uint32_t>>& ranges) const {
+    size_t w = 0;
+    for (size_t c = 0; c < state.size(); ++c) {
+      if (!fetched_by_prefetch[c]) continue;
+      bool in = false;
+      for (auto [lo, hi] : ranges) in = in || (c >= lo && c < hi);
+      w += in ? 0 : 1;
+    }
+    return w;
+  }
+};
+
+// STREAM's kernels walk 2 or 3 arrays in lockstep: the faults interleave
+// ascending streams thousands of blocks apart, which one delta history
+// cannot follow (no delta holds a majority). Each stream is followed on its
+// own: after its first 3 faults (2 sequential steps) every block of it is
+// prefetched, and what is prefetched is read.
+TEST(PrefetcherTest, TwoInterleavedAscendingStreams) {
+  const uint32_t kLen = 4096, kGap = 5461;
+  PrefetchModel m(32, 1u << 20);
+  const uint32_t a = 1000, b = a + kGap;
+  for (uint32_t i = 0; i < kLen; ++i) {
+    m.access(a + i);
+    m.access(b + i);
+  }
+  EXPECT_EQ(m.demand, 2u * 3u);  // 3 faults each before its stream is taken
+  EXPECT_EQ(m.demand + m.issued, 2u * kLen + m.wasted({{a, a + kLen}, {b, b + kLen}}));
+  // Only the window past each stream's end is read for nothing.
+  EXPECT_LE(m.wasted({{a, a + kLen}, {b, b + kLen}}), 2u * 32u);
+  // Marker faults keep each stream a window ahead: about one per half window.
+  EXPECT_LE(m.hits, 2u * (kLen / 16 + 8));
+  EXPECT_EQ(m.wrong_side, 0u);
+  EXPECT_EQ(m.write_plans, 0u);
+}
+
+TEST(PrefetcherTest, ThreeInterleavedAscendingStreamsOneWriting) {
+  // c[i] = a[i] + b[i]: a and b read, c written.
+  const uint32_t kLen = 3000, kGap = 5461;
+  PrefetchModel m(32, 1u << 20);
+  const uint32_t a = 7, b = a + kGap, c = b + kGap;
+  for (uint32_t i = 0; i < kLen; ++i) {
+    m.access(a + i);
+    m.access(b + i);
+    m.access(c + i, /*write=*/true);
+  }
+  const std::vector<std::pair<uint32_t, uint32_t>> r = {
+      {a, a + kLen}, {b, b + kLen}, {c, c + kLen}};
+  EXPECT_EQ(m.demand, 3u * 3u);
+  EXPECT_EQ(m.demand + m.issued, 3u * kLen + m.wasted(r));
+  EXPECT_LE(m.wasted(r), 3u * 32u);
+  EXPECT_LE(m.hits, 3u * (kLen / 16 + 8));
+  EXPECT_EQ(m.wrong_side, 0u);
+  // The written stream's blocks may be mapped writable, the others not.
+  EXPECT_GT(m.write_plans, 0u);
+  EXPECT_GT(m.read_plans, 2 * m.write_plans - 4);
+  EXPECT_LT(m.read_plans, 2 * m.write_plans + 4);
+}
+
+TEST(PrefetcherTest, DescendingStream) {
+  const uint32_t kTop = 9000, kLen = 5000;
+  PrefetchModel m(32, 1u << 20);
+  for (uint32_t i = 0; i < kLen; ++i) m.access(kTop - i);
+  EXPECT_EQ(m.demand, 3u);
+  EXPECT_LE(m.wasted({{kTop - kLen + 1, kTop + 1}}), 32u);
+  EXPECT_EQ(m.demand + m.issued, kLen + m.wasted({{kTop - kLen + 1, kTop + 1}}));
+  EXPECT_EQ(m.wrong_side, 0u);
+  EXPECT_EQ(m.last_dir, -1);
+  // Down to block 0: no candidate below it.
+  PrefetchModel low(32, 1000);
+  for (uint32_t i = 0; i < 100; ++i) low.access(99 - i);
+  EXPECT_EQ(low.wasted({{0, 100}}), 0u);
+}
+
+// A descending and an ascending stream interleaved, next to each other.
+TEST(PrefetcherTest, OppositeStreamsSideBySide) {
+  PrefetchModel m(16, 100000);
+  for (uint32_t i = 0; i < 2000; ++i) {
+    m.access(50000 - i);
+    m.access(50001 + i);
+  }
+  EXPECT_EQ(m.demand, 2u * 3u);
+  // Only the windows past both ends are read for nothing.
+  EXPECT_LE(m.wasted({{48001, 52001}}), 2u * 16u);
+  EXPECT_EQ(m.wrong_side, 0u);
+}
+
+// Random faults continue no stream: (almost) no candidates, over a large
+// region and over one small enough that neighbours are common.
+TEST(PrefetcherTest, RandomFaultsPrefetchAlmostNothing) {
+  for (uint32_t blocks : {1u << 22, 1u << 14}) {
+    PrefetchModel m(32, blocks);
+    std::mt19937 rng(12345);  // fixed seed: the same sequence everywhere
+    const size_t kFaults = 20000;
+    for (size_t i = 0; i < kFaults; ++i) {
+      const uint32_t b = static_cast<uint32_t>(rng() % blocks);
+      m.state[b] = PrefetchModel::kRemote;  // as if evicted again: every access faults
+      m.access(b);
+    }
+    printf("random over %u blocks: %zu candidates for %zu faults\n", blocks, m.candidates, kFaults);
+    EXPECT_LE(m.candidates, kFaults / 200) << blocks << " blocks";
+  }
+}
+
+TEST(PrefetcherTest, StillAheadFollowsTheStream) {
+  Prefetcher pf(8, 100000);
+  uint32_t out[8];
+  Prefetcher::Plan plan;
+  pf.on_fault(100, false, false, out, 8, &plan);
+  pf.on_fault(101, false, false, out, 8, &plan);
+  ASSERT_EQ(pf.on_fault(102, false, false, out, 8, &plan), 4u);
+  const uint32_t tag = plan.stream;
+  ASSERT_NE(tag, Prefetcher::kNoStream);
+  EXPECT_FALSE(plan.confirmed);
+  EXPECT_TRUE(pf.still_ahead(tag, 103));
+  EXPECT_TRUE(pf.still_ahead(tag, 106));
+  EXPECT_FALSE(pf.still_ahead(tag, 107));  // past the window
+  EXPECT_FALSE(pf.still_ahead(tag, 102));  // the stream is there already
+  // A hit confirms the stream (map at once) and grows its window.
+  ASSERT_EQ(pf.on_fault(103, true, false, out, 8, &plan), 8u);
+  EXPECT_TRUE(plan.confirmed);
+  EXPECT_EQ(plan.stream, tag);
+  EXPECT_EQ(plan.marker, 108u);  // half a window ahead
+  EXPECT_FALSE(pf.still_ahead(tag, 103));
+  EXPECT_TRUE(pf.still_ahead(tag, 111));
+  // Unused prefetches shrink it.
+  for (int i = 0; i < 4; ++i) pf.on_unused();
+  EXPECT_EQ(pf.stream_window(104), 4u);
+  // Once its entry is taken by other streams, its leftovers are no longer wanted.
+  for (uint32_t k = 0; k < Prefetcher::kStreams; ++k) pf.on_fault(50000 + 1000 * k, false, out, 8);
+  EXPECT_FALSE(pf.still_ahead(tag, 105));
+  EXPECT_FALSE(pf.still_ahead(Prefetcher::kNoStream, 105));
 }
 
 // The replacement policy the pager implements, against FIFO and exact LRU

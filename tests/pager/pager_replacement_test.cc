@@ -1,0 +1,122 @@
+// Replacement and the write-protect fault count (issues 3 and 6, eval kv):
+// a dirty block that comes back from the victim cache on a READ fault is
+// mapped writable, so that its next write takes no WP fault (it is written
+// back when it leaves anyway: write protection buys nothing for it). A
+// clean one still comes back write-protected, so that a write to it is
+// seen (one WP fault) and written back.
+//
+//   ctest -R pager_replacement_test
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "tests/pager/pager_harness.h"
+
+namespace farmem::testing {
+namespace {
+
+// Writes pages [0, pages) with fill_page(pg, 0), lets the evictor settle
+// (at or below the low watermark it does nothing more: a victim hit leaves
+// the resident count unchanged) and returns the pages then in the victim
+// cache.
+std::vector<size_t> settle_and_list_victims(P& p, const PagerConfig& c, size_t pages) {
+  auto* mem = static_cast<uint8_t*>(p.base());
+  for (size_t pg = 0; pg < pages; ++pg) fill_page(mem + pg * kPage, pg, 0);
+  const uint64_t budget_pages = c.local_budget / kPage;
+  const uint64_t low = static_cast<uint64_t>(c.low_watermark * static_cast<double>(budget_pages));
+  EXPECT_TRUE(wait_until([&] { return p.resident_bytes() <= low * kPage; }, 30000))
+      << p.stats().to_string();
+  std::vector<size_t> victims;
+  for (size_t pg = 0; pg < pages; ++pg)
+    if (p.state_of(mem + pg * kPage) == PageState::kVictim) victims.push_back(pg);
+  return victims;
+}
+
+PagerConfig replacement_config() {
+  PagerConfig c = small_config(128, 4096);
+  c.prefetch = false;       // no READ the test did not cause
+  c.victim_fraction = 0.5;  // room for many victims
+  c.zero_fault_around = 0;  // one zero fault per first write: nothing mapped ahead
+  return c;
+}
+
+// Every victim here is dirty (written, never written back: a block leaves
+// the victim cache for the donor only after its WRITE, and then it is
+// Remote). Read it (victim fault), then write it: one fault per block.
+TEST(PagerReplacement, DirtyVictimReadThenWrittenIsOneFault) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  constexpr size_t kPages = 512;
+  LoopbackRig rig;
+  const PagerConfig c = replacement_config();
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  const std::vector<size_t> victims = settle_and_list_victims(p, c, kPages);
+  ASSERT_GE(victims.size(), 8u) << p.stats().to_string();
+  const PagerStats before = p.stats();
+  auto* v = static_cast<volatile uint8_t*>(p.base());
+  for (size_t pg : victims) {
+    const uint8_t old = v[pg * kPage + 100];  // read: the victim fault
+    v[pg * kPage + 100] = static_cast<uint8_t>(old ^ 0xa5);
+  }
+  const PagerStats s = p.stats();
+  EXPECT_EQ(s.faults_victim - before.faults_victim, victims.size()) << s.to_string();
+  EXPECT_EQ(s.faults_wp - before.faults_wp, 0u) << s.to_string();
+  EXPECT_EQ(s.faults_remote - before.faults_remote, 0u) << s.to_string();
+  // Still dirty: pushed out, written back, and byte-exact when read again.
+  ASSERT_TRUE(p.evict(mem, kPages * kPage).ok());
+  uint8_t expect[kPage];
+  for (size_t pg = 0; pg < kPages; ++pg) {
+    fill_page(expect, pg, 0);
+    if (std::binary_search(victims.begin(), victims.end(), pg)) expect[100] ^= 0xa5;
+    ASSERT_EQ(memcmp(mem + pg * kPage, expect, kPage), 0) << "page " << pg;
+  }
+}
+
+// The other half of the rule: a clean victim (read back from the donor,
+// then demoted) read and then written still takes its WP fault, and the
+// write reaches the donor.
+TEST(PagerReplacement, CleanVictimReadThenWrittenIsTracked) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  constexpr size_t kPages = 512;
+  LoopbackRig rig;
+  const PagerConfig c = replacement_config();
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  (void)settle_and_list_victims(p, c, kPages);
+  // Everything out (written back), then read a budget's worth back: clean
+  // blocks, the oldest of them demoted into the victim cache.
+  ASSERT_TRUE(p.evict(mem, kPages * kPage).ok());
+  auto* v = static_cast<volatile uint8_t*>(p.base());
+  for (size_t pg = 0; pg < kPages; ++pg) (void)v[pg * kPage];
+  const uint64_t low = static_cast<uint64_t>(c.low_watermark * 128.0);
+  ASSERT_TRUE(wait_until([&] { return p.resident_bytes() <= low * kPage; }, 30000));
+  std::vector<size_t> victims;
+  for (size_t pg = 0; pg < kPages; ++pg)
+    if (p.state_of(mem + pg * kPage) == PageState::kVictim) victims.push_back(pg);
+  ASSERT_GE(victims.size(), 8u) << p.stats().to_string();
+  const PagerStats before = p.stats();
+  for (size_t pg : victims) {
+    const uint8_t old = v[pg * kPage + 7];
+    v[pg * kPage + 7] = static_cast<uint8_t>(old ^ 0x3c);
+  }
+  const PagerStats s = p.stats();
+  EXPECT_EQ(s.faults_victim - before.faults_victim, victims.size()) << s.to_string();
+  // With WP_ASYNC (FARMEM_TEST_WP_ASYNC) the kernel lets the write through
+  // and the demotion finds it written: no WP fault, the same write-back.
+  EXPECT_EQ(s.faults_wp - before.faults_wp, p.uses_wp_async() ? 0u : victims.size())
+      << s.to_string();
+  const uint64_t w0 = rig.donor.writes();
+  ASSERT_TRUE(p.evict(mem, kPages * kPage).ok());
+  EXPECT_EQ(rig.donor.writes() - w0, victims.size());
+  uint8_t expect[kPage];
+  for (size_t pg = 0; pg < kPages; ++pg) {
+    fill_page(expect, pg, 0);
+    if (std::binary_search(victims.begin(), victims.end(), pg)) expect[7] ^= 0x3c;
+    ASSERT_EQ(memcmp(mem + pg * kPage, expect, kPage), 0) << "page " << pg;
+  }
+}
+
+}  // namespace
+}  // namespace farmem::testing
