@@ -65,23 +65,39 @@ void write_seq(uint8_t* mem, size_t first, size_t n) {
   for (size_t pg = first; pg < first + n; ++pg) fill_page(mem + pg * kPage, pg, 0);
 }
 
-// Item 2: sequential first-touch writes of 1024 blocks, split between the
-// threads (each its own range), take at most 1024/8 zero faults and no WP
-// fault; the data reads back byte-exact after eviction.
-void sequential_writes(int threads) {
+// Writes fill_page(pg, 0) into pages [first, first + n) from the top down.
+void write_desc(uint8_t* mem, size_t first, size_t n) {
+  for (size_t pg = first + n; pg-- > first;) fill_page(mem + pg * kPage, pg, 0);
+}
+
+// Item 2: first-touch writes of 1024 blocks, split between the threads,
+// each its own range, ascending or descending (GNU sort fills its line
+// table from the top of its buffer down), take at most 1024/8 zero faults
+// and no WP fault; the data reads back byte-exact after eviction. Each
+// range has a gap of 256 blocks on the side its run overshoots (after it
+// ascending, below it descending; a run overshoots at most 64 blocks). One
+// stream per thread and 8 streams remembered: no stream is ever replaced,
+// so the bounds hold whatever the scheduling; the budget is above the data
+// plus every overshoot, so nothing is evicted while the threads run and the
+// watermark never cuts a run.
+void first_writes(int threads, bool descending) {
   const size_t kPerThread = 1024 / static_cast<size_t>(threads);
   const size_t pages = kPerThread * static_cast<size_t>(threads);
+  const size_t stride = kPerThread + 256;
+  const size_t skip = descending ? 256 : 0;  // the gap before a range
   LoopbackRig rig(512ull << 20);
-  // Budget above the data plus every overshoot: nothing is evicted while
-  // the threads run, so the fault counts are the fault path's alone.
   P& p = rig.start(fault_path_config(pages + 1024, 4 * pages + 4096));
   auto* mem = static_cast<uint8_t*>(p.base());
   std::vector<std::thread> ts;
   for (int t = 0; t < threads; ++t) {
-    // A gap of 256 pages between ranges: each thread's run ahead (at most
-    // 64 blocks) stays in its own gap.
-    ts.emplace_back(
-        [=] { write_seq(mem, static_cast<size_t>(t) * (kPerThread + 256), kPerThread); });
+    const size_t first = static_cast<size_t>(t) * stride + skip;
+    ts.emplace_back([=] {
+      if (descending) {
+        write_desc(mem, first, kPerThread);
+      } else {
+        write_seq(mem, first, kPerThread);
+      }
+    });
   }
   for (auto& th : ts) th.join();
   const PagerStats s = p.stats();
@@ -90,22 +106,24 @@ void sequential_writes(int threads) {
   EXPECT_GE(s.faults_zero + s.zero_around, pages) << s.to_string();
   EXPECT_LE(s.zero_around, pages + 64u * static_cast<uint64_t>(threads)) << s.to_string();
   EXPECT_EQ(s.reads + s.writes, 0u) << s.to_string();
+  EXPECT_EQ(rig.donor.reads() + rig.donor.writes(), 0u);
   EXPECT_LE(s.resident_peak_bytes, s.budget_bytes) << s.to_string();
-  // Out to the donor and back: byte-exact; the blocks mapped ahead and never
-  // written are all-zero and go back to Empty without a WRITE.
-  const size_t span = static_cast<size_t>(threads) * (kPerThread + 256);
-  ASSERT_TRUE(p.evict(mem, span * kPage).ok());
+  // Out to the donor and back: exactly the written blocks are written (the
+  // ones mapped in a gap and never written are all-zero: back to Empty
+  // without a WRITE), and read back byte-exact.
+  ASSERT_TRUE(p.evict(mem, static_cast<size_t>(threads) * stride * kPage).ok());
   EXPECT_EQ(rig.donor.writes(), pages);
   EXPECT_EQ(p.resident_bytes(), 0u);
   for (int t = 0; t < threads; ++t) {
-    const size_t first = static_cast<size_t>(t) * (kPerThread + 256);
+    const size_t first = static_cast<size_t>(t) * stride + skip;
     for (size_t pg = first; pg < first + kPerThread; ++pg) {
       uint8_t expect[kPage];
       fill_page(expect, pg, 0);
       ASSERT_EQ(memcmp(mem + pg * kPage, expect, kPage), 0) << "page " << pg;
     }
-    // The gap after the range: zeros, served without I/O.
-    for (size_t pg = first + kPerThread; pg < first + kPerThread + 256; ++pg) {
+    // The gap: zeros, served without I/O.
+    const size_t gap = descending ? first - 256 : first + kPerThread;
+    for (size_t pg = gap; pg < gap + 256; ++pg) {
       ASSERT_EQ(mem[pg * kPage + 17], 0u) << "page " << pg;
     }
   }
@@ -114,15 +132,15 @@ void sequential_writes(int threads) {
 
 TEST(PagerFaultPath, SequentialFirstWritesFaultAround1Thread) {
   FARMEM_SKIP_WITHOUT_UFFD();
-  sequential_writes(1);
+  first_writes(1, false);
 }
 TEST(PagerFaultPath, SequentialFirstWritesFaultAround2Threads) {
   FARMEM_SKIP_WITHOUT_UFFD();
-  sequential_writes(2);
+  first_writes(2, false);
 }
 TEST(PagerFaultPath, SequentialFirstWritesFaultAround8Threads) {
   FARMEM_SKIP_WITHOUT_UFFD();
-  sequential_writes(8);
+  first_writes(8, false);
 }
 
 // Reads of never-written blocks: fault-around maps them write-protected and
@@ -153,71 +171,17 @@ TEST(PagerFaultPath, SequentialFirstReadsFaultAroundWithoutTraffic) {
   EXPECT_EQ(s.reads, 1u) << s.to_string();
 }
 
-// Writes fill_page(pg, 0) into pages [first, first + n) from the top down.
-void write_desc(uint8_t* mem, size_t first, size_t n) {
-  for (size_t pg = first + n; pg-- > first;) fill_page(mem + pg * kPage, pg, 0);
-}
-
-// Descending first-touch writes (GNU sort fills its line table from the top
-// of its buffer down): 1024 blocks split between the threads, each its own
-// range with a gap of 256 blocks BELOW it (a descending run overshoots
-// downwards, at most 64 blocks). One stream per thread and 8 streams
-// remembered: no stream is ever replaced, so the bounds hold whatever the
-// scheduling; the budget is above the data plus every overshoot, so the
-// watermark never cuts a run.
-void descending_writes(int threads) {
-  const size_t kPerThread = 1024 / static_cast<size_t>(threads);
-  const size_t pages = kPerThread * static_cast<size_t>(threads);
-  const size_t stride = kPerThread + 256;
-  LoopbackRig rig(512ull << 20);
-  P& p = rig.start(fault_path_config(pages + 1024, 4 * pages + 4096));
-  auto* mem = static_cast<uint8_t*>(p.base());
-  std::vector<std::thread> ts;
-  for (int t = 0; t < threads; ++t) {
-    ts.emplace_back([=] { write_desc(mem, static_cast<size_t>(t) * stride + 256, kPerThread); });
-  }
-  for (auto& th : ts) th.join();
-  const PagerStats s = p.stats();
-  EXPECT_LE(s.faults_zero, pages / 8) << s.to_string();
-  EXPECT_EQ(s.faults_wp, 0u) << s.to_string();
-  EXPECT_GE(s.faults_zero + s.zero_around, pages) << s.to_string();
-  EXPECT_LE(s.zero_around, pages + 64u * static_cast<uint64_t>(threads)) << s.to_string();
-  EXPECT_EQ(s.reads + s.writes, 0u) << s.to_string();
-  EXPECT_EQ(rig.donor.reads() + rig.donor.writes(), 0u);
-  EXPECT_LE(s.resident_peak_bytes, s.budget_bytes) << s.to_string();
-  // Out to the donor and back: exactly the written blocks are written (the
-  // ones mapped below a range and never written are all-zero: back to
-  // Empty without a WRITE), and read back byte-exact.
-  const size_t span = static_cast<size_t>(threads) * stride;
-  ASSERT_TRUE(p.evict(mem, span * kPage).ok());
-  EXPECT_EQ(rig.donor.writes(), pages);
-  EXPECT_EQ(p.resident_bytes(), 0u);
-  for (int t = 0; t < threads; ++t) {
-    const size_t first = static_cast<size_t>(t) * stride + 256;
-    for (size_t pg = first; pg < first + kPerThread; ++pg) {
-      uint8_t expect[kPage];
-      fill_page(expect, pg, 0);
-      ASSERT_EQ(memcmp(mem + pg * kPage, expect, kPage), 0) << "page " << pg;
-    }
-    // The gap below the range: zeros, served without I/O.
-    for (size_t pg = first - 256; pg < first; ++pg) {
-      ASSERT_EQ(mem[pg * kPage + 17], 0u) << "page " << pg;
-    }
-  }
-  EXPECT_EQ(rig.donor.reads(), pages);
-}
-
 TEST(PagerFaultPath, DescendingFirstWritesFaultAround1Thread) {
   FARMEM_SKIP_WITHOUT_UFFD();
-  descending_writes(1);
+  first_writes(1, true);
 }
 TEST(PagerFaultPath, DescendingFirstWritesFaultAround2Threads) {
   FARMEM_SKIP_WITHOUT_UFFD();
-  descending_writes(2);
+  first_writes(2, true);
 }
 TEST(PagerFaultPath, DescendingFirstWritesFaultAround8Threads) {
   FARMEM_SKIP_WITHOUT_UFFD();
-  descending_writes(8);
+  first_writes(8, true);
 }
 
 // Descending reads of never-written blocks: mapped write-protected and
