@@ -65,7 +65,9 @@ constexpr EnvVar kEnv[] = {
     {"FARMEM_CONNECT_TIMEOUT_MS", "3000", "how long to try each donor at start-up"},
     {"FARMEM_BLOCK_SIZE", "4K", "pager fetch granularity, a power of two from 4K to 2M"},
     {"FARMEM_PAGER_THREADS", "cores/2 (1..8)", "pager fault-handler threads"},
-    {"FARMEM_PREFETCH", "1", "pager stream prefetch: 0 or 1"},
+    {"FARMEM_PREFETCH", "1",
+     "pager prefetch (up to 32 interleaved ascending or descending streams, plus a "
+     "majority-trend detector): 0 or 1"},
     {"FARMEM_UFFD_MOVE", "off",
      "pager: auto, on or off: UFFDIO_MOVE for victim-cache traffic (measured slower here)"},
     {"FARMEM_WP_ASYNC", "off",
