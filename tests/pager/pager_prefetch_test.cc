@@ -109,8 +109,11 @@ TEST(PagerPrefetchTest, ThreeInterleavedReadStreams) {
   EXPECT_LT(d.demand, remote / 2) << s.to_string();
   EXPECT_GT(d.used, remote / 3) << s.to_string();
   // About one fetch per block: a stream's window past its array's end
-  // reads the next array's first blocks, which may have left again.
-  EXPECT_LE(d.reads, remote + 3 * 2 * 32) << s.to_string();
+  // reads the next array's first blocks, which may have left again, and a
+  // prefetched block the evictor dropped before the scan came is read
+  // twice. Measured 24-141 extra READs of 12.3k (ASan, load 3); at most 10%
+  // waste allowed, whatever the scheduling.
+  EXPECT_LE(d.reads, remote + remote / 10) << s.to_string();
 }
 
 // c[i] = a[i] ^ b[i] over remote a, b and c: the written stream's blocks
