@@ -190,6 +190,7 @@ Status LoopbackTransport::add_server(ServerId id, LoopbackDonor* donor) {
                       id);
   }
   std::unique_lock<std::shared_mutex> lk(mu_);
+  gen_.fetch_add(1, std::memory_order_release);
   if (!servers_.emplace(id, donor).second) {
     return make_error(Errc::kInvalidArgument,
                       "add_server(%u): server id already added; use a different id", id);
@@ -209,16 +210,19 @@ Result<std::unique_ptr<LoopbackTransport::Queue>> LoopbackTransport::open_queue(
 
 Status LoopbackTransport::register_buffer(void* addr, size_t length) {
   std::unique_lock<std::shared_mutex> lk(mu_);
+  gen_.fetch_add(1, std::memory_order_release);
   return buffers_.insert(addr, length);
 }
 
 Status LoopbackTransport::unregister_buffer(void* addr) {
   std::unique_lock<std::shared_mutex> lk(mu_);
+  gen_.fetch_add(1, std::memory_order_release);
   return buffers_.erase(addr);
 }
 
 Status LoopbackTransport::add_slab(ServerId server, const SlabDesc& slab) {
   std::unique_lock<std::shared_mutex> lk(mu_);
+  gen_.fetch_add(1, std::memory_order_release);
   auto s = servers_.find(server);
   if (s == servers_.end()) {
     return make_error(Errc::kInvalidArgument,
@@ -240,6 +244,7 @@ Status LoopbackTransport::add_slab(ServerId server, const SlabDesc& slab) {
 
 Status LoopbackTransport::remove_slab(ServerId server, SlabId slab) {
   std::unique_lock<std::shared_mutex> lk(mu_);
+  gen_.fetch_add(1, std::memory_order_release);
   if (slabs_.erase(slab_key(server, slab)) == 0) {
     return make_error(Errc::kNotFound, "remove_slab(server %u, slab %u): slab was not added",
                       server, slab);
@@ -259,39 +264,68 @@ LoopbackTransport::Queue::Queue(LoopbackTransport* t, size_t depth, uint64_t see
 
 LoopbackTransport::Queue::~Queue() = default;
 
+const LoopbackTransport::Queue::SlabHit* LoopbackTransport::Queue::validate(
+    const IoOp& op, std::shared_lock<std::shared_mutex>& lk, Errc* status) {
+  // Validation, in the order of runtime/transport.h.
+  if (op.length == 0 || op.length > wire::kMaxIoLength) {
+    *status = Errc::kInvalidArgument;
+    return nullptr;
+  }
+  const auto local = reinterpret_cast<uintptr_t>(op.local);
+  if (local - buf_begin_ >= buf_len_ || op.length > buf_len_ - (local - buf_begin_)) {
+    if (!lk.owns_lock()) lk.lock();
+    const auto* e = t_->buffers_.find(op.local, op.length);
+    if (e == nullptr) {
+      *status = Errc::kInvalidArgument;
+      return nullptr;
+    }
+    buf_begin_ = e->begin;
+    buf_len_ = e->length;
+  }
+  const uint64_t key = slab_key(op.remote.server, op.remote.slab);
+  SlabHit& hit = slabs_[op.remote.slab % kSlabCache];
+  if (hit.key != key) {
+    if (!lk.owns_lock()) lk.lock();
+    auto slab = t_->slabs_.find(key);
+    if (slab == t_->slabs_.end()) {
+      // Unknown server or a slab not added: both are the caller's mistake.
+      *status = Errc::kInvalidArgument;
+      return nullptr;
+    }
+    hit = SlabHit{key, slab->second.donor, slab->second.size};
+  }
+  if (op.remote.offset > hit.size || op.length > hit.size - op.remote.offset) {
+    *status = Errc::kOutOfRange;
+    return nullptr;
+  }
+  return &hit;
+}
+
 Errc LoopbackTransport::Queue::post(std::span<const IoOp> ops) {
   if (ops.size() > depth_ - pending_.size()) return Errc::kResourceExhausted;
   if (ops.empty()) return Errc::kOk;
   // Clock::time_point::min() = ready at once; the clock is read only for an
   // op with an injected delay (see the header: no clock on the fast path).
   Clock::time_point now = Clock::time_point::min();
-  std::shared_lock<std::shared_mutex> lk(t_->mu_);
+  // The cache is good while no table changed since it was filled; the
+  // tables are locked (shared) only on a miss.
+  const uint64_t gen = t_->gen_.load(std::memory_order_acquire);
+  if (gen != cache_gen_) {
+    cache_gen_ = gen;
+    buf_begin_ = 0;
+    buf_len_ = 0;
+    for (SlabHit& e : slabs_) e = SlabHit{};
+  }
+  std::shared_lock<std::shared_mutex> lk(t_->mu_, std::defer_lock);
   for (const IoOp& op : ops) {
     Pending& p = pending_.emplace_back();
     p.op = op;
     p.ready = Clock::time_point::min();
     p.status = Errc::kOk;
-    // Validation, in the order of runtime/transport.h.
-    if (op.length == 0 || op.length > wire::kMaxIoLength) {
-      p.status = Errc::kInvalidArgument;
-      continue;
-    }
-    if (t_->buffers_.find(op.local, op.length) == nullptr) {
-      p.status = Errc::kInvalidArgument;
-      continue;
-    }
-    auto slab = t_->slabs_.find(slab_key(op.remote.server, op.remote.slab));
-    if (slab == t_->slabs_.end()) {
-      // Unknown server or a slab not added: both are the caller's mistake.
-      p.status = Errc::kInvalidArgument;
-      continue;
-    }
-    const uint64_t size = slab->second.size;
-    if (op.remote.offset > size || op.length > size - op.remote.offset) {
-      p.status = Errc::kOutOfRange;
-      continue;
-    }
-    LoopbackDonor* d = slab->second.donor;
+    p.donor = nullptr;
+    const SlabHit* slab = validate(op, lk, &p.status);
+    if (slab == nullptr) continue;
+    LoopbackDonor* d = slab->donor;
     p.donor = d;
     const uint32_t latency = d->latency_us_.load(std::memory_order_relaxed);
     const uint32_t jitter = d->jitter_us_.load(std::memory_order_relaxed);
@@ -357,6 +391,13 @@ bool LoopbackTransport::Queue::execute(Pending& p, IoCompletion* out) {
 
 size_t LoopbackTransport::Queue::poll(std::span<IoCompletion> out) {
   if (pending_.empty() || out.empty()) return 0;
+  if (pending_.size() == 1 && timed_ == 0) {
+    // One untimed op (a demand fetch): ready whatever the time, nothing to
+    // order or compact.
+    if (!execute(pending_[0], &out[0])) return 0;
+    pending_.clear();
+    return 1;
+  }
   // Untimed ops (ready == min()) are ready whatever the time: no clock read
   // unless some pending op carries an injected delay.
   const Clock::time_point now = timed_ != 0 ? Clock::now() : Clock::time_point::min();

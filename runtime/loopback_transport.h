@@ -40,8 +40,13 @@
 // skip clock_gettime while no pending op is timed). Just before executing, the donor is asked: dead
 // => kUnavailable (immediately, latency or not); slab not leased => kNotFound; then the hook
 // decides kExecute / kFail(error) / kDefer (stay pending, ask again on the next poll). Per op there
-// is no heap allocation and no lock held during the memcpy; post() takes the transport's tables in
-// shared mode once per call.
+// is no heap allocation and no lock held during the memcpy. post() validates against a per-queue
+// cache of the transport's tables (the last registered buffer hit, 16 slabs direct-mapped by id),
+// stamped with the transport's table generation: any register / unregister / add / remove bumps
+// it and empties every queue's cache at its next post(); only a miss takes the tables in shared
+// mode (once per call). A post that hit the cache while a removal was under way is the same as a
+// post that took the lock just before it. A single pending untimed op (a demand fetch) completes
+// in poll() without the ready-list pass.
 //
 // Lifetimes: a donor outlives every transport it was added to; a transport
 // outlives its queues.
@@ -214,6 +219,9 @@ class LoopbackTransport final : public TransportControl {  // satisfies Transpor
 
   const Options opts_;
   std::atomic<uint64_t> next_queue_{0};
+  // Bumped under mu_ (exclusive) by every change of the tables below, so
+  // that the queues' lookup caches (Queue::post()) notice it.
+  std::atomic<uint64_t> gen_{1};
   mutable std::shared_mutex mu_;
   RegistrationTable<> buffers_;                           // guarded by mu_
   std::unordered_map<ServerId, LoopbackDonor*> servers_;  // guarded by mu_
@@ -251,9 +259,20 @@ class LoopbackTransport::Queue {
     bool deferred = false;  // the hook said kDefer last time
   };
 
+  // One slab of the transport's table, as post() last found it.
+  struct SlabHit {
+    uint64_t key = ~uint64_t{0};  // slab_key(); ~0: empty
+    LoopbackDonor* donor = nullptr;
+    uint64_t size = 0;
+  };
+  static constexpr size_t kSlabCache = 16;  // direct-mapped by slab id
+
   Queue(LoopbackTransport* t, size_t depth, uint64_t seed);
   // Runs one ready op; returns false when the hook deferred it.
   bool execute(Pending& p, IoCompletion* out);
+  // post()'s validation of one op against the (cached) tables: the op's
+  // slab entry, or null with *status set. lk is taken on the first miss.
+  const SlabHit* validate(const IoOp& op, std::shared_lock<std::shared_mutex>& lk, Errc* status);
 
   LoopbackTransport* const t_;
   const size_t depth_;
@@ -262,6 +281,11 @@ class LoopbackTransport::Queue {
   std::vector<uint8_t> done_;     // scratch for poll(); size depth_
   size_t timed_ = 0;              // pending ops with a ready time in the future
   std::mt19937_64 rng_;
+  // post()'s lookup cache, valid while cache_gen_ == t_->gen_.
+  uint64_t cache_gen_ = 0;
+  uintptr_t buf_begin_ = 0;  // the registered buffer last found: [begin, begin + len)
+  size_t buf_len_ = 0;
+  SlabHit slabs_[kSlabCache];
 };
 
 static_assert(TransportBackend<LoopbackTransport>);
