@@ -53,6 +53,16 @@ class FarBacking {
   // FarHeap then purges by decay alone.
   virtual uint64_t resident_bytes() const { return 0; }
   virtual uint64_t budget_bytes() const { return 0; }
+  // Maps the never-written blocks of [addr, addr+len) as zeros now, so that
+  // their first touches take no fault (Pager::populate_zero; FarHeap calls
+  // it on fresh allocations, far_heap.h). Returns the blocks mapped; 0 when
+  // the backing cannot (the budget has no headroom, a fork is prepared, a
+  // fork()ed child).
+  virtual size_t populate_zero(void* addr, size_t len) noexcept {
+    (void)addr;
+    (void)len;
+    return 0;
+  }
 
   // fork() (invariant 8; pager/fork_snapshot.h): prepare_fork() right before
   // fork() on the forking thread, then fork_parent() (also when fork()
@@ -110,6 +120,9 @@ class PagerBacking final : public FarBacking {
   const char* transport_name() const override { return transport_; }
   uint64_t resident_bytes() const override { return p_->resident_bytes(); }
   uint64_t budget_bytes() const override { return p_->budget_bytes(); }
+  size_t populate_zero(void* addr, size_t len) noexcept override {
+    return p_->populate_zero(addr, len);  // it checks for a fork()ed child
+  }
   Status prepare_fork() override { return p_->prepare_fork(); }
   void fork_parent() override { p_->fork_parent(); }
   void fork_child() override { p_->fork_child(); }

@@ -95,6 +95,7 @@ void* FarHeap::alloc_raw(size_t size) noexcept {
 
 void* FarHeap::alloc_zeroed(size_t size) noexcept {
   void* p = farmem_je_mallocx(size == 0 ? 1 : size, flags_for(size) | MALLOCX_ZERO);
+  populate(p, size);
   check_pressure();
   return p;
 }
@@ -103,12 +104,17 @@ void* FarHeap::alloc_aligned(size_t alignment, size_t size, bool zero) noexcept 
   if (size >= kLargeMin && alignment < 4096) alignment = 4096;  // see flags_for()
   void* p = farmem_je_mallocx(size == 0 ? 1 : size,
                               flags_ | MALLOCX_ALIGN(alignment) | (zero ? MALLOCX_ZERO : 0));
+  populate(p, size);
   check_pressure();
   return p;
 }
 
 void* FarHeap::realloc(void* ptr, size_t size) noexcept {
+  // Growth: the new tail is what may be fresh (a block that moved had its
+  // old bytes copied by jemalloc, which took their faults).
+  const size_t old = opts_.populate_max != 0 ? farmem_je_sallocx(ptr, 0) : 0;
   void* p = farmem_je_rallocx(ptr, size == 0 ? 1 : size, flags_for(size));
+  if (p != nullptr && size > old) populate(static_cast<char*>(p) + old, size - old);
   check_pressure();
   return p;
 }
@@ -178,6 +184,7 @@ FarHeap::Stats FarHeap::stats() const {
   s.nmalloc = get64("small.nmalloc") + get64("large.nmalloc");
   s.ndalloc = get64("small.ndalloc") + get64("large.ndalloc");
   s.pressure_purges = pressure_purges_.load(std::memory_order_relaxed);
+  s.populated_blocks = populated_.load(std::memory_order_relaxed);
   s.under_pressure = pressured_.load(std::memory_order_relaxed);
   return s;
 }

@@ -52,6 +52,10 @@ struct FarHeapOptions {
   // (see above); 0: always dirty_decay_ms.
   double purge_at = 0;
   size_t free_list_capacity = ExtentSpace::kDefaultFreeListCapacity;
+  // Allocation-time zero fill (see above): at most this many bytes of each
+  // allocation (from its start; of a realloc, from the old end) are mapped
+  // as zeros when it is made, where never written. 0: off.
+  size_t populate_max = 0;
 };
 
 class FarHeap {
@@ -63,6 +67,7 @@ class FarHeap {
 
   void* alloc(size_t size) noexcept {
     void* p = alloc_raw(size);
+    populate(p, size);
     check_pressure();
     return p;
   }
@@ -89,8 +94,9 @@ class FarHeap {
     uint64_t active = 0;     // bytes in pages with live allocations
     uint64_t dirty = 0;      // freed pages not yet purged
     uint64_t nmalloc = 0, ndalloc = 0;
-    uint64_t pressure_purges = 0;  // times purge_at was reached (everything freed purged)
-    bool under_pressure = false;   // dirty_decay_ms applies now
+    uint64_t pressure_purges = 0;   // times purge_at was reached (everything freed purged)
+    uint64_t populated_blocks = 0;  // blocks mapped as zeros at allocation time (populate_max)
+    bool under_pressure = false;    // dirty_decay_ms applies now
   };
   Stats stats() const;  // control path: refreshes jemalloc's statistics epoch
   // Purges every unused dirty page now (tests, fm_evict of free space).
@@ -111,6 +117,12 @@ class FarHeap {
     if (__builtin_expect(on ? r < pressure_lo_ : r >= pressure_hi_, 0)) set_pressure(!on);
   }
   void set_pressure(bool on) noexcept;
+  // Allocation-time zero fill of the first populate_max bytes of [p, p+n).
+  void populate(void* p, size_t n) noexcept {
+    if (opts_.populate_max == 0 || p == nullptr) return;
+    const size_t got = backing_->populate_zero(p, n < opts_.populate_max ? n : opts_.populate_max);
+    if (got != 0) populated_.fetch_add(got, std::memory_order_relaxed);
+  }
 
   FarBacking* const backing_;
   const FarHeapOptions opts_;
@@ -124,6 +136,7 @@ class FarHeap {
   uint64_t pressure_lo_ = 0;  // ... and off again
   std::atomic<bool> pressured_{false};
   std::atomic<uint64_t> pressure_purges_{0};
+  std::atomic<uint64_t> populated_{0};
   std::mutex pressure_mu_;  // serializes switches; never held by a data-path caller otherwise
 };
 

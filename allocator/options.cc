@@ -62,6 +62,10 @@ constexpr EnvVar kEnv[] = {
     {"FARMEM_PURGE_AT", "75",
      "% of FARMEM_LOCAL_MEM resident at which freed far pages start to be dropped (all at "
      "once, then after FARMEM_DECAY_MS); below it they are kept for reuse; 0 = always decay"},
+    {"FARMEM_POPULATE_MAX", "256K",
+     "bytes of each far allocation (from its start; of a growing realloc, from the old end) "
+     "mapped as zeros when it is made, where never written, so that first touches take no "
+     "fault; only within the budget's headroom; 0 = off (every first touch faults)"},
     {"FARMEM_CONNECT_TIMEOUT_MS", "3000", "how long to try each donor at start-up"},
     {"FARMEM_BLOCK_SIZE", "4K", "pager fetch granularity, a power of two from 4K to 2M"},
     {"FARMEM_PAGER_THREADS", "cores/2 (1..8)", "pager fault-handler threads"},
@@ -181,6 +185,11 @@ Result<FarOptions> options_from_env() {
     auto r = parse_uint(v, "FARMEM_PURGE_AT", 0, 100);
     if (!r.ok()) return r.status();
     o.purge_at_percent = static_cast<uint32_t>(*r);
+  }
+  if (const char* v = getenv("FARMEM_POPULATE_MAX")) {
+    auto r = parse_size(v, "FARMEM_POPULATE_MAX");
+    if (!r.ok()) return r.status();
+    o.populate_max = *r;
   }
   if (const char* v = getenv("FARMEM_CONNECT_TIMEOUT_MS")) {
     auto r = parse_uint(v, "FARMEM_CONNECT_TIMEOUT_MS", 1, 600000);

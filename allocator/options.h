@@ -40,6 +40,9 @@ struct FarOptions {
   // it freed pages are kept for reuse (FARMEM_PURGE_AT; far_heap.h). 0, or
   // decay_ms 0: always decay_ms.
   uint32_t purge_at_percent = 75;
+  // Bytes of each far allocation mapped as zeros when it is made, where
+  // never written (FARMEM_POPULATE_MAX; FarHeapOptions::populate_max); 0: off.
+  uint64_t populate_max = 256 << 10;
   int connect_timeout_ms = 3000;
   // Preload library only.
   uint64_t min_far = 16 << 10;  // smaller allocations stay local

@@ -6,7 +6,11 @@
 # goes first; it prints the median and the minimum wall time of each, the
 # median CPU time (user + system, all threads), and their ratios (on a
 # shared, loaded machine the minimum wall time and the CPU time are the
-# steadier figures: other tenants mostly add waiting).
+# steadier figures: other tenants mostly add waiting), the median peak RSS
+# of each (MiB, /usr/bin/time's %M: what the allocation-time zero fill,
+# FARMEM_POPULATE_MAX, costs in memory), and the far heap's counters of the
+# last preloaded run (far mallocs, zero-fill faults, blocks filled at
+# allocation, evictions).
 #
 #   bench/preload_overhead.sh --build build-G --reps 9
 #   bench/preload_overhead.sh --build build-G --reps 9 --workload mt --env FARMEM_STATS_SOCKET=0
@@ -36,7 +40,7 @@ while [[ $# -gt 0 ]]; do
     --reps) REPS=$2; shift 2 ;;
     --workload) WORKLOADS+=("$2"); shift 2 ;;
     --env) EXTRA_ENV+=("$2"); shift 2 ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "preload_overhead: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -72,10 +76,10 @@ run() {
   local t0 t1
   t0=$(date +%s%N)
   if [[ $mode == far ]]; then
-    /usr/bin/time -o "$WORK/cpu" -f '%U %S' env "${FAR_ENV[@]}" "$@" \
+    /usr/bin/time -o "$WORK/cpu" -f '%U %S %M' env "${FAR_ENV[@]}" "$@" \
       > "$WORK/out.$mode" 2> "$WORK/err.$mode"
   else
-    /usr/bin/time -o "$WORK/cpu" -f '%U %S' "$@" > "$WORK/out.$mode" 2> "$WORK/err.$mode"
+    /usr/bin/time -o "$WORK/cpu" -f '%U %S %M' "$@" > "$WORK/out.$mode" 2> "$WORK/err.$mode"
   fi
   t1=$(date +%s%N)
   if ! cmp -s "$WORK/out.$mode" "$WORK/out.ref"; then
@@ -83,7 +87,8 @@ run() {
     cat "$WORK/err.$mode" >&2
     exit 1
   fi
-  awk -v a="$t0" -v b="$t1" '{ printf "%.4f %.2f\n", (b - a) / 1e9, $1 + $2 }' "$WORK/cpu"
+  awk -v a="$t0" -v b="$t1" '{ printf "%.4f %.2f %.1f\n", (b - a) / 1e9, $1 + $2, $3 / 1024 }' \
+    "$WORK/cpu"
 }
 
 # median [COLUMN] of whitespace-separated lines on stdin.
@@ -93,8 +98,9 @@ median() {
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b / a }'; }
 
-printf '%-7s %4s %9s %9s %6s %9s %9s %6s %8s %8s %6s   %s\n' workload reps "med w/o" "med with" \
-  ratio "min w/o" "min with" ratio "cpu w/o" "cpu with" ratio "far heap (last run)"
+printf '%-7s %4s %9s %9s %6s %9s %9s %6s %8s %8s %6s %8s %8s   %s\n' workload reps "med w/o" \
+  "med with" ratio "min w/o" "min with" ratio "cpu w/o" "cpu with" ratio "rss w/o" "rss with" \
+  "far heap (last run)"
 for w in "${WORKLOADS[@]}"; do
   read -r -a CMD <<< "$(cmd_for "$w")"
   "${CMD[@]}" > "$WORK/out.ref"  # reference output, and a warm-up of caches
@@ -112,12 +118,17 @@ for w in "${WORKLOADS[@]}"; do
   bm=$(awk '{ print $1 }' "$WORK/t.far" | sort -g | head -1)
   ac=$(median 2 < "$WORK/t.local")
   bc=$(median 2 < "$WORK/t.far")
+  ar=$(median 3 < "$WORK/t.local")
+  br=$(median 3 < "$WORK/t.far")
   far=$(sed -n 's/^farmem: stats: far heap: \([0-9]*\) allocations.*/\1 far mallocs/p' "$WORK/err.far" | head -1)
   faults=$(sed -n 's/.*faults: \([0-9]*\) zero-fill.*/\1 zero-fill faults/p' "$WORK/err.far" | head -1)
   evict=$(sed -n 's/.*evictions: \([0-9]*\) clean, \([0-9]*\) dirty.*/\1+\2 evictions/p' "$WORK/err.far" | head -1)
-  printf '%-7s %4d %8.3fs %8.3fs %6s %8.3fs %8.3fs %6s %7.2fs %7.2fs %6s   %s\n' "$w" "$REPS" \
-    "$a" "$b" "$(ratio "$a" "$b")" "$am" "$bm" "$(ratio "$am" "$bm")" "$ac" "$bc" \
-    "$(ratio "$ac" "$bc")" "${far:-no far heap}${faults:+, $faults}${evict:+, $evict}"
-  echo "  w/o  (wall cpu): $(sort -g "$WORK/t.local" | tr '\n' ' ')" >&2
-  echo "  with (wall cpu): $(sort -g "$WORK/t.far" | tr '\n' ' ')" >&2
+  filled=$(sed -n 's/.*zero fill at allocation: \([0-9]*\) blocks.*/\1 filled at allocation/p' \
+    "$WORK/err.far" | tail -1)
+  printf '%-7s %4d %8.3fs %8.3fs %6s %8.3fs %8.3fs %6s %7.2fs %7.2fs %6s %7.1fM %7.1fM   %s\n' \
+    "$w" "$REPS" "$a" "$b" "$(ratio "$a" "$b")" "$am" "$bm" "$(ratio "$am" "$bm")" "$ac" "$bc" \
+    "$(ratio "$ac" "$bc")" "$ar" "$br" \
+    "${far:-no far heap}${faults:+, $faults}${filled:+, $filled}${evict:+, $evict}"
+  echo "  w/o  (wall cpu rss): $(sort -g "$WORK/t.local" | tr '\n' ' ')" >&2
+  echo "  with (wall cpu rss): $(sort -g "$WORK/t.far" | tr '\n' ' ')" >&2
 done

@@ -300,6 +300,13 @@ void print_stats() {
            (unsigned long long)s.evictions_dirty, format_size(s.bytes_read).c_str(),
            format_size(s.bytes_written).c_str());
   write_stderr(msg);
+  if (farmem::FarRuntime* rt = farmem::api_runtime()) {
+    snprintf(msg, sizeof msg,
+             "farmem: stats: zero fill at allocation: %llu blocks (FARMEM_POPULATE_MAX %s)\n",
+             (unsigned long long)rt->heap().stats().populated_blocks,
+             format_size(g_opts->populate_max).c_str());
+    write_stderr(msg);
+  }
 }
 
 __attribute__((constructor)) void preload_init() {
