@@ -774,6 +774,8 @@ struct SeqScan {
       for (size_t w = 0; w < kPage; w += 512) memcpy(local + i * kPage + w, &v, 8);
     }
     const PagerStats s0 = rig.p->stats();
+    const uint64_t dn0 = rig.p->evict_dontneed_calls(), wp0 = rig.p->evict_wp_calls();
+    const uint64_t rc0 = rig.p->prefetch_run_copies();
     double pager_s = 1e9, local_s = 1e9;
     uint64_t sum_p = 0, sum_l = 0;
     for (auto _ : state) {
@@ -801,6 +803,11 @@ struct SeqScan {
     state.counters["prefetch_issued"] = static_cast<double>(s.prefetch_issued - s0.prefetch_issued);
     state.counters["prefetch_hits"] = static_cast<double>(s.prefetch_used - s0.prefetch_used +
                                                           s.prefetch_mapped - s0.prefetch_mapped);
+    state.counters["faults_waited"] = static_cast<double>(s.faults_waited - s0.faults_waited);
+    state.counters["demotions"] = static_cast<double>(s.demotions - s0.demotions);
+    state.counters["dontneed_calls"] = static_cast<double>(rig.p->evict_dontneed_calls() - dn0);
+    state.counters["wp_calls"] = static_cast<double>(rig.p->evict_wp_calls() - wp0);
+    state.counters["run_copies"] = static_cast<double>(rig.p->prefetch_run_copies() - rc0);
     state.SetLabel(Env::kName);
   }
 };
@@ -829,6 +836,7 @@ struct RandomRMW {
       (void)*reinterpret_cast<volatile char*>(mem + (rng() % kPages) * kPage);
     }
     const PagerStats s0 = rig.p->stats();
+    const uint64_t dn0 = rig.p->evict_dontneed_calls(), wp0 = rig.p->evict_wp_calls();
     double secs = 0;
     for (auto _ : state) {
       auto t0 = Clock::now();
@@ -845,6 +853,9 @@ struct RandomRMW {
     state.counters["victim_hit_ratio"] =
         static_cast<double>(s.faults_victim - s0.faults_victim) / static_cast<double>(ops);
     state.counters["dirty_evictions"] = static_cast<double>(s.evictions_dirty - s0.evictions_dirty);
+    state.counters["faults_waited"] = static_cast<double>(s.faults_waited - s0.faults_waited);
+    state.counters["dontneed_calls"] = static_cast<double>(rig.p->evict_dontneed_calls() - dn0);
+    state.counters["wp_calls"] = static_cast<double>(rig.p->evict_wp_calls() - wp0);
     state.SetLabel(Env::kName);
   }
 };

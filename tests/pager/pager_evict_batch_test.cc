@@ -1,0 +1,149 @@
+// Eviction batching (pager.h "Eviction batching"): dirty blocks demoted
+// together are write-protected one UFFDIO_WRITEPROTECT per run of adjacent
+// blocks and dropped one MADV_DONTNEED per run; evict_round() demotes at
+// least min(64, budget / 16) blocks at once; demote_batch() closes gaps of
+// one or two resident blocks between the blocks it demotes. Each test checks
+// the bytes after eviction, the budget (sampled) and the call counters.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "tests/pager/pager_harness.h"
+
+namespace farmem::testing {
+namespace {
+
+// Samples resident_bytes() on its own thread until stopped; worst() is the
+// largest value seen.
+class ResidentSampler {
+ public:
+  explicit ResidentSampler(const P& p)
+      : t_([this, &p] {
+          while (!done_.load()) {
+            const uint64_t r = p.resident_bytes();
+            if (r > worst_.load()) worst_.store(r);
+            samples_.fetch_add(1);
+            std::this_thread::yield();
+          }
+        }) {}
+  ~ResidentSampler() { stop(); }
+  void stop() {
+    done_.store(true);
+    if (t_.joinable()) t_.join();
+  }
+  uint64_t worst() const { return worst_.load(); }
+  uint64_t samples() const { return samples_.load(); }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::atomic<uint64_t> worst_{0}, samples_{0};
+  std::thread t_;
+};
+
+// The batching counters hold for the copy path only: UFFDIO_MOVE and
+// WP_ASYNC (FARMEM_TEST_WP_ASYNC) demote without these calls.
+bool copy_path(const P& p) {
+  return !p.uses_move() && !p.uses_wp_async();
+}
+
+TEST(PagerEvictBatch, SequentialDirtyBlocksLeaveInRunsByteExact) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  constexpr size_t kBudget = 1024, kPages = 4096;
+  LoopbackRig rig;
+  P& p = start_without_prefetch(rig, kBudget, 2 * kPages);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  ResidentSampler sampler(p);
+  // A sequential writer: the oldest blocks (the active list's tail) are
+  // adjacent, so every demotion batch is one run.
+  for (size_t pg = 0; pg < kPages; ++pg) fill_page(mem + pg * kPage, pg, 0);
+  const PagerStats s = p.stats();
+  const uint64_t wp = p.evict_wp_calls(), dn = p.evict_dontneed_calls();
+  // Everything past the budget was demoted at least once, every block dirty.
+  ASSERT_GE(s.demotions, kPages - kBudget) << s.to_string();
+  if (copy_path(p)) {
+    // One call per block before batching; runs of up to 64 (80 with gap
+    // fills) now. Leave room for short runs at the edges of a batch.
+    EXPECT_GT(wp, 0u);
+    EXPECT_LE(wp * 8, s.demotions) << "wp calls " << wp << ", " << s.to_string();
+    EXPECT_LE(dn * 8, s.demotions) << "dontneed calls " << dn << ", " << s.to_string();
+  }
+  // Read everything back (remote faults and victim hits): byte-exact.
+  EXPECT_EQ(first_bad_page(mem, kPages, 0), kPages);
+  // And once more after writing a second version over the first.
+  for (size_t pg = 0; pg < kPages; ++pg) fill_page(mem + pg * kPage, pg, 1);
+  EXPECT_EQ(first_bad_page(mem, kPages, 1), kPages);
+  sampler.stop();
+  EXPECT_GT(sampler.samples(), 0u);
+  EXPECT_LE(sampler.worst(), p.budget_bytes() + P::kSlackBytes);
+  EXPECT_LE(p.stats().resident_peak_bytes, p.budget_bytes() + P::kSlackBytes);
+}
+
+TEST(PagerEvictBatch, GapOfOneYoungerBlockIsDemotedWithItsNeighbours) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  constexpr size_t kBudget = 1024, kPages = 4096, kFirst = 512, kGap = 10;
+  LoopbackRig rig;
+  P& p = start_without_prefetch(rig, kBudget, 2 * kPages);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  // Half the budget: the evictor has nothing to do yet.
+  for (size_t pg = 0; pg < kFirst; ++pg) fill_page(mem + pg * kPage, pg, 0);
+  // Block kGap leaves now and comes back with a read: it is then the
+  // youngest block on the active list, between blocks that are the oldest.
+  ASSERT_TRUE(p.evict(mem + kGap * kPage, kPage).ok());
+  ASSERT_EQ(p.state_of(mem + kGap * kPage), PageState::kRemote);
+  EXPECT_EQ(first_bad_page(mem, kGap + 1, 0, kGap), kGap + 1);
+  // The copy wakes this thread before the handler marks the block Present.
+  ASSERT_TRUE(
+      wait_until([&] { return p.state_of(mem + kGap * kPage) == PageState::kPresent; }, 30000));
+  const uint64_t fills0 = p.evict_gap_fills();
+  ResidentSampler sampler(p);
+  // Three budgets more: the first demotion batch takes the tail, blocks
+  // 0..9 and 11..64, and block 10 with them (no eviction has run yet, so
+  // nothing else can have reordered the tail).
+  for (size_t pg = kFirst; pg < kPages; ++pg) fill_page(mem + pg * kPage, pg, 0);
+  sampler.stop();
+  if (copy_path(p)) {
+    EXPECT_GE(p.evict_gap_fills(), fills0 + 1);
+  }
+  EXPECT_NE(p.state_of(mem + kGap * kPage), PageState::kPresent);
+  EXPECT_EQ(first_bad_page(mem, kPages, 0), kPages);
+  EXPECT_GT(sampler.samples(), 0u);
+  EXPECT_LE(sampler.worst(), p.budget_bytes() + P::kSlackBytes);
+}
+
+// Prefetch installs by run: a confirmed stream's blocks that land together
+// are mapped by one UFFDIO_COPY (flush_run()).
+TEST(PagerEvictBatch, PrefetchedRunsAreMappedByOneCopyByteExact) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  constexpr size_t kBudget = 1024, kPages = 4096;
+  LoopbackRig rig;
+  PagerConfig c = small_config(kBudget, 2 * kPages);
+  c.prefetch = true;
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  for (size_t pg = 0; pg < kPages; ++pg) fill_page(mem + pg * kPage, pg, 0);
+  // Everything but the last budget's worth is remote or a victim now.
+  ASSERT_TRUE(p.evict(mem, kPages * kPage).ok());
+  const PagerStats s0 = p.stats();
+  const uint64_t runs0 = p.prefetch_run_copies();
+  ResidentSampler sampler(p);
+  // Two sequential passes, ascending then descending: both kinds of run.
+  EXPECT_EQ(first_bad_page(mem, kPages, 0), kPages);
+  uint8_t expect[kPage];
+  for (size_t pg = kPages; pg-- > 0;) {
+    fill_page(expect, pg, 0);
+    ASSERT_EQ(memcmp(mem + pg * kPage, expect, kPage), 0) << "page " << pg;
+  }
+  sampler.stop();
+  const PagerStats s = p.stats();
+  // The stream is confirmed within a few windows; from then on most blocks
+  // are mapped at once, and a window's blocks complete together.
+  EXPECT_GT(s.prefetch_mapped - s0.prefetch_mapped, kPages / 2) << s.to_string();
+  EXPECT_GT(p.prefetch_run_copies() - runs0, 0u) << s.to_string();
+  EXPECT_GT(sampler.samples(), 0u);
+  EXPECT_LE(sampler.worst(), p.budget_bytes() + P::kSlackBytes);
+  EXPECT_LE(s.resident_peak_bytes, p.budget_bytes() + P::kSlackBytes);
+}
+
+}  // namespace
+}  // namespace farmem::testing
