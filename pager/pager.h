@@ -649,7 +649,9 @@ class Pager {
   void flush_run(Handler& h);
   void add_pending(Handler& h, const PendingPrefetch& e);
   void retry_prefetches(Handler& h);
-  void install_mapped(uint32_t b, const void* src, bool write, uint32_t flags_keep);
+  // Maps n blocks from b on (owned, Fetching) from src with one UFFDIO_COPY
+  // and makes them Present (dirty if write, or if flags_keep has kDirty).
+  void install_mapped(uint32_t b, const void* src, bool write, uint32_t flags_keep, uint32_t n = 1);
   // Zero-fill fault-around (see "Zero-fill fault-around" above).
   // After the zero fault on b (owned, Fetching): how many blocks next to b
   // to map with it (the stream's window; after b for an ascending stream,
@@ -1403,22 +1405,25 @@ void Pager<B>::run_deferred(Handler& h) {
 }
 
 template <TransportBackend B>
-void Pager<B>::install_mapped(uint32_t b, const void* src, bool write, uint32_t flags_keep) {
+void Pager<B>::install_mapped(uint32_t b, const void* src, bool write, uint32_t flags_keep,
+                              uint32_t n) {
   int err = 0;
-  Errc e = uffd_.copy(block_addr(b), src, block_, /*write_protect=*/!write, &err);
+  Errc e = uffd_.copy(block_addr(b), src, uint64_t{n} * block_, /*write_protect=*/!write, &err);
   if (e != Errc::kOk) {
     fatal(
-        "pager: UFFDIO_COPY of block %u at %p failed: %s (state %s); the page table and "
-        "the mapping disagree",
-        b, static_cast<void*>(block_addr(b)), strerror(err),
+        "pager: UFFDIO_COPY of %u block(s) at %p (block %u) failed: %s (state %s); the page "
+        "table and the mapping disagree",
+        n, static_cast<void*>(block_addr(b)), b, strerror(err),
         page_state_name(PageTable::state_of(pt_.load(b))));
   }
   {
     std::lock_guard<std::mutex> lk(list_mu_);
-    active_.push_front(b);
+    for (uint32_t i = 0; i < n; ++i) active_.push_front(b + i);
   }
-  uint32_t flags = (write ? PageTable::kDirty : 0) | (flags_keep & PageTable::kDirty);
-  pt_.finish(b, PageTable::make(PageState::kPresent, flags, 0));
+  const uint32_t flags = (write ? PageTable::kDirty : 0) | (flags_keep & PageTable::kDirty);
+  for (uint32_t i = 0; i < n; ++i) {
+    pt_.finish(b + i, PageTable::make(PageState::kPresent, flags, 0));
+  }
 }
 
 template <TransportBackend B>
@@ -1970,25 +1975,8 @@ void Pager<B>::flush_run(Handler& h) {
   for (uint32_t i = 0; i < n; ++i) {
     memcpy(h.run_buf.ptr + uint64_t{i} * block_, slot_addr(h.run_slot[i]), block_);
   }
-  int err = 0;
-  Errc e = uffd_.copy(block_addr(first), h.run_buf.ptr, uint64_t{n} * block_,
-                      /*write_protect=*/!h.run_write, &err);
-  if (e != Errc::kOk) {
-    fatal(
-        "pager: UFFDIO_COPY of %u prefetched blocks at %p failed: %s (state %s); the page "
-        "table and the mapping disagree",
-        n, static_cast<void*>(block_addr(first)), strerror(err),
-        page_state_name(PageTable::state_of(pt_.load(first))));
-  }
-  {
-    std::lock_guard<std::mutex> lk(list_mu_);
-    for (uint32_t i = 0; i < n; ++i) active_.push_front(first + i);
-  }
-  const uint32_t flags = h.run_write ? PageTable::kDirty : 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    pt_.finish(first + i, PageTable::make(PageState::kPresent, flags, 0));
-    free_slot(h.run_slot[i]);
-  }
+  install_mapped(first, h.run_buf.ptr, h.run_write, 0, n);
+  for (uint32_t i = 0; i < n; ++i) free_slot(h.run_slot[i]);
   prefetch_runs_.fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "allocator/far_heap.h"
-#include "tests/pager/pager_harness.h"
+#include "tests/allocator/far_heap_rig.h"
 
 namespace farmem::testing {
 namespace {
@@ -36,27 +36,16 @@ bool all_zero(const uint8_t* p, size_t len) {
 }
 
 // A FarHeap with allocation-time zero fill on a loopback pager.
-struct PopulateRig {
-  PopulateRig(size_t budget_pages, size_t region_pages, size_t populate_max) {
-    pager = &rig.start(small_config(budget_pages, region_pages));
-    backing = std::make_unique<PagerBacking<P>>(pager, "loopback");
+struct PopulateRig : FarHeapRig {
+  PopulateRig(size_t budget_pages, size_t region_pages, size_t populate_max)
+      : FarHeapRig(small_config(budget_pages, region_pages), options(populate_max)) {}
+  static FarHeapOptions options(size_t populate_max) {
     FarHeapOptions o;
     o.dirty_decay_ms = -1;  // nothing purged behind the test's back
     o.populate_max = populate_max;
-    auto h = FarHeap::create(backing.get(), o);
-    if (!h.ok()) fatal("%s", h.status().to_string().c_str());
-    heap = std::move(*h);
-  }
-  ~PopulateRig() {
-    heap.reset();
-    backing.reset();
+    return o;
   }
   uint64_t populated() const { return heap->stats().populated_blocks; }
-
-  LoopbackRig rig;
-  P* pager = nullptr;
-  std::unique_ptr<FarBacking> backing;
-  std::unique_ptr<FarHeap> heap;
 };
 
 TEST(FarHeapPopulate, FreshAllocationIsResidentAndTakesNoFault) {

@@ -54,7 +54,7 @@ bool churn(FarHeap& heap, size_t pass, size_t n, size_t size) {
 // A working set of 4 MiB in a 64 MiB budget, freed and reallocated ten
 // times: only the first pass faults; nothing is dropped.
 TEST(FarHeapPurge, ReusedWorkingSetThatFitsIsNotRefaulted) {
-  SKIP_WITHOUT_UFFD();
+  FARMEM_SKIP_WITHOUT_UFFD();
   // decay 0: were the budget gate not there, every free would drop at once.
   Rig r(64 * kMiB, /*decay_ms=*/0, /*purge_at=*/0.75);
   ASSERT_TRUE(churn(*r.heap, 0, 16, 256 << 10));
@@ -76,7 +76,7 @@ TEST(FarHeapPurge, ReusedWorkingSetThatFitsIsNotRefaulted) {
 // its pages and faults them in again. This is what the gate prevents, and
 // shows that the test above can fail.
 TEST(FarHeapPurge, WithoutTheGateEveryPassRefaults) {
-  SKIP_WITHOUT_UFFD();
+  FARMEM_SKIP_WITHOUT_UFFD();
   Rig r(64 * kMiB, /*decay_ms=*/0, /*purge_at=*/0);
   ASSERT_TRUE(churn(*r.heap, 0, 16, 256 << 10));
   const uint64_t z1 = r.zero_faults();
@@ -94,7 +94,7 @@ TEST(FarHeapPurge, WithoutTheGateEveryPassRefaults) {
 //   after free 10 resident 7 MiB < 8 (purge_at / 2): pressure off
 //   free 11..16   kept for reuse (no decay)
 TEST(FarHeapPurge, UnderBudgetPressureFreedMemoryIsDropped) {
-  SKIP_WITHOUT_UFFD();
+  FARMEM_SKIP_WITHOUT_UFFD();
   Rig r(32 * kMiB, /*decay_ms=*/0, /*purge_at=*/0.5);
   constexpr size_t kObjs = 18;
   std::vector<uint8_t*> objs(kObjs);

@@ -29,7 +29,7 @@ uint8_t pattern(size_t obj, size_t i) {
 }
 
 TEST(FarHeap, MetadataStaysLocal) {
-  SKIP_WITHOUT_UFFD();
+  FARMEM_SKIP_WITHOUT_UFFD();
   Rig r(16 << 20, 1000);
   // Creating the arena carved nothing: its metadata is in local memory.
   EXPECT_EQ(r.heap->space().stats().bump_bytes, 0u);
@@ -47,7 +47,7 @@ TEST(FarHeap, MetadataStaysLocal) {
 }
 
 TEST(FarHeap, DataSurvivesEvictionByteExact) {
-  SKIP_WITHOUT_UFFD();
+  FARMEM_SKIP_WITHOUT_UFFD();
   Rig r(4 << 20, 1000);  // 4 MiB budget, 24 MiB of data
   constexpr size_t kObjs = 24, kSize = 1 << 20;
   std::vector<uint8_t*> objs;
@@ -71,7 +71,7 @@ TEST(FarHeap, DataSurvivesEvictionByteExact) {
 }
 
 TEST(FarHeap, FreedPagesAreDroppedAndReadAsZeros) {
-  SKIP_WITHOUT_UFFD();
+  FARMEM_SKIP_WITHOUT_UFFD();
   Rig r(4 << 20, 0);  // decay 0: jemalloc purges on free
   constexpr size_t kSize = 2 << 20;
   std::vector<uint8_t*> objs;
@@ -121,7 +121,7 @@ TEST(FarHeap, FreedPagesAreDroppedAndReadAsZeros) {
 // jemalloc's cache-oblivious offset (a random start inside an extra page)
 // would make it span N + 1 (a 64 MiB table did not fit a 64 MiB budget).
 TEST(FarHeap, LargeAllocationsArePageAligned) {
-  SKIP_WITHOUT_UFFD();
+  FARMEM_SKIP_WITHOUT_UFFD();
   Rig r(16 << 20, 1000);
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 4096 == 0; };
   std::vector<void*> live;
@@ -159,7 +159,7 @@ TEST(FarHeap, LargeAllocationsArePageAligned) {
 }
 
 TEST(FarHeap, ReallocAlignedAndUsableSize) {
-  SKIP_WITHOUT_UFFD();
+  FARMEM_SKIP_WITHOUT_UFFD();
   Rig r(16 << 20, 1000);
   auto* p = static_cast<uint8_t*>(r.heap->alloc(100000));
   ASSERT_NE(p, nullptr);
@@ -178,7 +178,7 @@ TEST(FarHeap, ReallocAlignedAndUsableSize) {
 }
 
 TEST(FarHeap, ThreadsAllocateConcurrently) {
-  SKIP_WITHOUT_UFFD();
+  FARMEM_SKIP_WITHOUT_UFFD();
   Rig r(8 << 20, 100);
   std::atomic<int> bad{0};
   std::vector<std::thread> ts;

@@ -6,40 +6,10 @@
 // the bytes after eviction, the budget (sampled) and the call counters.
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <thread>
-
 #include "tests/pager/pager_harness.h"
 
 namespace farmem::testing {
 namespace {
-
-// Samples resident_bytes() on its own thread until stopped; worst() is the
-// largest value seen.
-class ResidentSampler {
- public:
-  explicit ResidentSampler(const P& p)
-      : t_([this, &p] {
-          while (!done_.load()) {
-            const uint64_t r = p.resident_bytes();
-            if (r > worst_.load()) worst_.store(r);
-            samples_.fetch_add(1);
-            std::this_thread::yield();
-          }
-        }) {}
-  ~ResidentSampler() { stop(); }
-  void stop() {
-    done_.store(true);
-    if (t_.joinable()) t_.join();
-  }
-  uint64_t worst() const { return worst_.load(); }
-  uint64_t samples() const { return samples_.load(); }
-
- private:
-  std::atomic<bool> done_{false};
-  std::atomic<uint64_t> worst_{0}, samples_{0};
-  std::thread t_;
-};
 
 // The batching counters hold for the copy path only: UFFDIO_MOVE and
 // WP_ASYNC (FARMEM_TEST_WP_ASYNC) demote without these calls.
@@ -53,7 +23,7 @@ TEST(PagerEvictBatch, SequentialDirtyBlocksLeaveInRunsByteExact) {
   LoopbackRig rig;
   P& p = start_without_prefetch(rig, kBudget, 2 * kPages);
   auto* mem = static_cast<uint8_t*>(p.base());
-  ResidentSampler sampler(p);
+  ResidentSampler sampler([&] { return p.resident_bytes(); }, mem, kPages * kPage);
   // A sequential writer: the oldest blocks (the active list's tail) are
   // adjacent, so every demotion batch is one run.
   for (size_t pg = 0; pg < kPages; ++pg) fill_page(mem + pg * kPage, pg, 0);
@@ -75,7 +45,7 @@ TEST(PagerEvictBatch, SequentialDirtyBlocksLeaveInRunsByteExact) {
   EXPECT_EQ(first_bad_page(mem, kPages, 1), kPages);
   sampler.stop();
   EXPECT_GT(sampler.samples(), 0u);
-  EXPECT_LE(sampler.worst(), p.budget_bytes() + P::kSlackBytes);
+  EXPECT_LE(sampler.max_counter(), p.budget_bytes() + P::kSlackBytes);
   EXPECT_LE(p.stats().resident_peak_bytes, p.budget_bytes() + P::kSlackBytes);
 }
 
@@ -96,7 +66,7 @@ TEST(PagerEvictBatch, GapOfOneYoungerBlockIsDemotedWithItsNeighbours) {
   ASSERT_TRUE(
       wait_until([&] { return p.state_of(mem + kGap * kPage) == PageState::kPresent; }, 30000));
   const uint64_t fills0 = p.evict_gap_fills();
-  ResidentSampler sampler(p);
+  ResidentSampler sampler([&] { return p.resident_bytes(); }, mem, kPages * kPage);
   // Three budgets more: the first demotion batch takes the tail, blocks
   // 0..9 and 11..64, and block 10 with them (no eviction has run yet, so
   // nothing else can have reordered the tail).
@@ -108,7 +78,7 @@ TEST(PagerEvictBatch, GapOfOneYoungerBlockIsDemotedWithItsNeighbours) {
   EXPECT_NE(p.state_of(mem + kGap * kPage), PageState::kPresent);
   EXPECT_EQ(first_bad_page(mem, kPages, 0), kPages);
   EXPECT_GT(sampler.samples(), 0u);
-  EXPECT_LE(sampler.worst(), p.budget_bytes() + P::kSlackBytes);
+  EXPECT_LE(sampler.max_counter(), p.budget_bytes() + P::kSlackBytes);
 }
 
 // Prefetch installs by run: a confirmed stream's blocks that land together
@@ -126,7 +96,7 @@ TEST(PagerEvictBatch, PrefetchedRunsAreMappedByOneCopyByteExact) {
   ASSERT_TRUE(p.evict(mem, kPages * kPage).ok());
   const PagerStats s0 = p.stats();
   const uint64_t runs0 = p.prefetch_run_copies();
-  ResidentSampler sampler(p);
+  ResidentSampler sampler([&] { return p.resident_bytes(); }, mem, kPages * kPage);
   // Two sequential passes, ascending then descending: both kinds of run.
   EXPECT_EQ(first_bad_page(mem, kPages, 0), kPages);
   uint8_t expect[kPage];
@@ -141,7 +111,7 @@ TEST(PagerEvictBatch, PrefetchedRunsAreMappedByOneCopyByteExact) {
   EXPECT_GT(s.prefetch_mapped - s0.prefetch_mapped, kPages / 2) << s.to_string();
   EXPECT_GT(p.prefetch_run_copies() - runs0, 0u) << s.to_string();
   EXPECT_GT(sampler.samples(), 0u);
-  EXPECT_LE(sampler.worst(), p.budget_bytes() + P::kSlackBytes);
+  EXPECT_LE(sampler.max_counter(), p.budget_bytes() + P::kSlackBytes);
   EXPECT_LE(s.resident_peak_bytes, p.budget_bytes() + P::kSlackBytes);
 }
 
