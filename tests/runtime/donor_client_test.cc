@@ -393,11 +393,13 @@ TEST_F(DonorClientTest, LeasesReleasedOnCloseAndLaterRequestsFailClearly) {
 TEST_F(DonorClientTest, LeasesReleasedOnMissedHeartbeats) {
   server_.reset();
   DonorOptions o = donor_options();
-  // 20 heartbeats per grace period: the heartbeating session must survive
-  // a thread descheduled for a few hundred ms (ASan, ctest -j2 on a loaded
-  // 2-core machine); with 4 per period (grace 200 ms) a 150 ms stall expired it.
+  // 60 heartbeats per grace period: the heartbeating session must survive
+  // its heartbeat thread (or the server's connection thread) descheduled for
+  // a long while (ASan, ctest -j2 on a loaded 2-core machine). With 4 per
+  // period (grace 200 ms) a 150 ms stall expired it, and once with 20 per
+  // period (grace 1 s) under a load average of ~10.
   o.heartbeat_ms = 50;
-  o.grace_ms = 1000;
+  o.grace_ms = 3000;
   start(o);
 
   DonorClientOptions silent_opts = client_options();
@@ -421,9 +423,9 @@ TEST_F(DonorClientTest, LeasesReleasedOnMissedHeartbeats) {
   // Later requests say the same without touching the socket again.
   EXPECT_EQ(silent->stats().status().code(), Errc::kUnavailable);
 
-  // Several grace periods later the heartbeating session still holds its
-  // slab and can use it.
-  std::this_thread::sleep_for(std::chrono::milliseconds(2 * o.grace_ms));
+  // Well past another grace period the heartbeating session still holds
+  // its slab and can use it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(3 * o.grace_ms / 2));
   auto st = alive->stats();
   ASSERT_TRUE(st.ok()) << st.status().to_string();
   EXPECT_EQ(st->leased, kSlab);
