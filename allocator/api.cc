@@ -1,4 +1,5 @@
 // The C API: thin, noexcept wrappers over the process-wide FarRuntime.
+#include <algorithm>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdint>
@@ -135,6 +136,13 @@ bool api_stats(fm_stats_t* out) noexcept {
   out->bytes_written = p.bytes_written;
   out->fetch_p50_us = p.fetch_latency.percentile_us(0.5);
   out->fetch_p99_us = p.fetch_latency.percentile_us(0.99);
+  out->faults_waited = p.faults_waited;
+  out->pinned_bytes = p.pinned_bytes;
+  out->prefetch_issued = p.prefetch_issued;
+  out->prefetch_used = p.prefetch_used;
+  out->prefetch_unused = p.prefetch_unused;
+  out->zero_around = p.zero_around;
+  out->populated_bytes = h.populated_blocks * rt->backing().block_size();
   return true;
 }
 
@@ -351,7 +359,21 @@ int fm_unpin(const void* p, size_t len) noexcept {
 
 int fm_stats(fm_stats_t* out) noexcept {
   if (out == nullptr) return fail(EINVAL, "fm_stats: out is NULL");
-  if (!api_stats(out)) return fail(ENXIO, "fm_stats: farmem is not running");
+  const size_t want = out->struct_size;
+  if (want < FM_STATS_SIZE_V1) {
+    return fail(EINVAL,
+                "fm_stats: out->struct_size is %zu, at least %zu expected: initialise the struct "
+                "with fm_stats_init() first",
+                want, static_cast<size_t>(FM_STATS_SIZE_V1));
+  }
+  // Filled whole, then copied as far as the caller's struct goes: a caller
+  // built against an older header gets its fields, one built against a
+  // newer header keeps its extra fields as they were.
+  fm_stats_t all;
+  if (!api_stats(&all)) return fail(ENXIO, "fm_stats: farmem is not running");
+  const size_t n = std::min(want, sizeof all);
+  all.struct_size = n;
+  memcpy(out, &all, n);
   return 0;
 }
 

@@ -37,6 +37,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 #define FM_NOEXCEPT noexcept
@@ -63,7 +64,13 @@ typedef struct fm_config {
   int32_t connect_timeout_ms; /* per donor; 0 = 3000 */
 } fm_config;
 
+/* Statistics. struct_size makes the struct extensible without breaking
+   callers built against an older or newer header: set it before the call
+   (fm_stats_init()); fm_stats() fills the fields that both
+   the caller's and the library's struct have and sets struct_size to the
+   bytes it filled (fields past that are left as they were). */
 typedef struct fm_stats_t {
+  size_t struct_size;           /* in: sizeof(fm_stats_t); out: bytes filled */
   uint64_t region_size;         /* far address space */
   uint64_t far_allocated;       /* bytes in live far allocations */
   uint64_t far_active;          /* bytes of pages holding live allocations */
@@ -84,7 +91,24 @@ typedef struct fm_stats_t {
   uint64_t bytes_written;       /* to donors */
   uint64_t fetch_p50_us;        /* demand fetch latency, upper bound of the bucket */
   uint64_t fetch_p99_us;
+  /* FM_STATS_SIZE_V1 ends here. */
+  uint64_t faults_waited;   /* faults that found their page busy or the budget full */
+  uint64_t pinned_bytes;    /* held resident by fm_pin (part of resident_bytes) */
+  uint64_t prefetch_issued; /* pages read ahead of a fault */
+  uint64_t prefetch_used;   /* read-ahead pages touched before eviction */
+  uint64_t prefetch_unused; /* read-ahead pages dropped untouched */
+  uint64_t zero_around;     /* never-written pages mapped with a neighbour's first touch */
+  uint64_t populated_bytes; /* never-written pages mapped when allocated (no fault) */
 } fm_stats_t;
+
+/* The smallest struct_size fm_stats() accepts: struct_size and the fields
+   up to fetch_p99_us. */
+#define FM_STATS_SIZE_V1 (offsetof(fm_stats_t, fetch_p99_us) + sizeof(uint64_t))
+/* Inline, so that struct_size is the size the caller was compiled with. */
+static inline void fm_stats_init(fm_stats_t* s) FM_NOEXCEPT {
+  memset(s, 0, sizeof *s);
+  s->struct_size = sizeof *s;
+}
 
 FM_API void fm_config_init(fm_config* config) FM_NOEXCEPT;
 /* config NULL: from the environment. */
@@ -124,6 +148,7 @@ FM_API int fm_evict(const void* ptr, size_t len) FM_NOEXCEPT;
 FM_API int fm_pin(const void* ptr, size_t len) FM_NOEXCEPT;
 FM_API int fm_unpin(const void* ptr, size_t len) FM_NOEXCEPT;
 
+/* out->struct_size below FM_STATS_SIZE_V1: -1/EINVAL. */
 FM_API int fm_stats(fm_stats_t* out) FM_NOEXCEPT;
 /* This thread's last error message ("" when none). */
 FM_API const char* fm_last_error(void) FM_NOEXCEPT;

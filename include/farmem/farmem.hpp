@@ -37,7 +37,8 @@ class Runtime {
   Runtime& operator=(const Runtime&) = delete;
 
   fm_stats_t stats() const {
-    fm_stats_t s{};
+    fm_stats_t s;
+    fm_stats_init(&s);
     if (fm_stats(&s) != 0) throw std::system_error(errno, std::generic_category(), fm_last_error());
     return s;
   }

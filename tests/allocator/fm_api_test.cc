@@ -47,6 +47,7 @@ TEST_F(FmApi, NotRunningIsENXIO) {
   EXPECT_EQ(errno, ENXIO);
   EXPECT_TRUE(contains(fm_last_error(), "fm_init")) << fm_last_error();
   fm_stats_t s;
+  fm_stats_init(&s);
   EXPECT_EQ(fm_stats(&s), -1);
   EXPECT_EQ(errno, ENXIO);
   EXPECT_EQ(fm_shutdown(), -1);
@@ -82,6 +83,60 @@ TEST_F(FmApi, UnreachableDonorIsECONNREFUSED) {
   EXPECT_FALSE(fm_is_running());
 }
 
+// fm_stats_t is extensible: fm_stats() fills as much as both sides know,
+// says how much in struct_size, and refuses a struct nobody initialised.
+TEST_F(FmApi, StatsStructSizeIsHonoured) {
+  fm_stats_t zeroed;
+  memset(&zeroed, 0, sizeof zeroed);
+  errno = 0;
+  EXPECT_EQ(fm_stats(&zeroed), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_TRUE(contains(fm_last_error(), "struct_size is 0")) << fm_last_error();
+  EXPECT_TRUE(contains(fm_last_error(), "fm_stats_init")) << fm_last_error();
+  EXPECT_EQ(fm_stats(nullptr), -1);
+  EXPECT_EQ(errno, EINVAL);
+
+  SKIP_WITHOUT_UFFD();
+  start();
+  void* p = fm_malloc(1 << 20);
+  ASSERT_NE(p, nullptr);
+  fm_stats_t full;
+  fm_stats_init(&full);
+  ASSERT_EQ(fm_stats(&full), 0) << fm_last_error();
+  EXPECT_EQ(full.struct_size, sizeof full);
+
+  // A caller built against the first header: only its fields are written.
+  fm_stats_t old;
+  memset(&old, 0xab, sizeof old);
+  old.struct_size = FM_STATS_SIZE_V1;
+  ASSERT_EQ(fm_stats(&old), 0) << fm_last_error();
+  EXPECT_EQ(old.struct_size, FM_STATS_SIZE_V1);
+  EXPECT_EQ(old.budget_bytes, full.budget_bytes);
+  EXPECT_EQ(old.region_size, full.region_size);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&old);
+  for (size_t i = FM_STATS_SIZE_V1; i < sizeof old; ++i) {
+    ASSERT_EQ(bytes[i], 0xab) << "byte " << i << " past the caller's struct was written";
+  }
+  // One byte short of the first version is refused.
+  old.struct_size = FM_STATS_SIZE_V1 - 1;
+  EXPECT_EQ(fm_stats(&old), -1);
+  EXPECT_EQ(errno, EINVAL);
+
+  // A caller built against a newer header with more fields: the library
+  // fills what it knows, leaves the rest, and says how much it filled.
+  struct Newer {
+    fm_stats_t s;
+    uint64_t more[3];
+  } newer;
+  memset(&newer, 0xcd, sizeof newer);
+  newer.s.struct_size = sizeof newer;
+  ASSERT_EQ(fm_stats(&newer.s), 0) << fm_last_error();
+  EXPECT_EQ(newer.s.struct_size, sizeof(fm_stats_t));
+  EXPECT_EQ(newer.s.populated_bytes, full.populated_bytes);
+  for (uint64_t m : newer.more) EXPECT_EQ(m, 0xcdcdcdcdcdcdcdcdull);
+  fm_free(p);
+}
+
 TEST_F(FmApi, AllocateUseFree) {
   SKIP_WITHOUT_UFFD();
   start();
@@ -102,12 +157,23 @@ TEST_F(FmApi, AllocateUseFree) {
   }
   EXPECT_GE(fm_usable_size(p), kN);
   fm_stats_t s;
+  fm_stats_init(&s);
   ASSERT_EQ(fm_stats(&s), 0);
   EXPECT_GT(s.evictions_dirty, 0u);
   EXPECT_GT(s.faults_remote, 0u);
   EXPECT_LE(s.resident_peak_bytes, s.budget_bytes);
   EXPECT_EQ(s.budget_bytes, 8u << 20);
   EXPECT_GE(s.far_allocated, kN);
+  EXPECT_EQ(s.struct_size, sizeof s);
+  // The fields after FM_STATS_SIZE_V1: the first 256 KiB of the allocation
+  // were mapped when it was made (FARMEM_POPULATE_MAX), the sequential
+  // first touches of the rest mapped neighbours with them, and the
+  // sequential read back of evicted pages read ahead.
+  EXPECT_EQ(s.populated_bytes, 256u << 10);
+  EXPECT_GT(s.zero_around, 0u);
+  EXPECT_GT(s.prefetch_issued, 0u);
+  EXPECT_LE(s.prefetch_used + s.prefetch_unused, s.prefetch_issued);
+  EXPECT_EQ(s.pinned_bytes, 0u);
 
   auto* z = static_cast<uint64_t*>(fm_calloc(1 << 20, sizeof(uint64_t)));
   ASSERT_NE(z, nullptr);

@@ -40,7 +40,9 @@ class FmHints : public ::testing::Test {
   // The pager bumps a fault counter just after it wakes the faulting
   // thread: wait (bounded) until two snapshots 20 ms apart agree.
   static fm_stats_t stats() {
-    fm_stats_t s{}, again{};
+    fm_stats_t s, again;
+    fm_stats_init(&s);
+    fm_stats_init(&again);
     EXPECT_EQ(fm_stats(&s), 0);
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     while (std::chrono::steady_clock::now() < deadline) {

@@ -20,7 +20,8 @@ int main() {
     fprintf(stderr, "far_process_child: %s\n", fm_last_error());
     return 2;
   }
-  fm_stats_t s{};
+  fm_stats_t s;
+  fm_stats_init(&s);
   (void)fm_stats(&s);
   const size_t n = 4 * s.budget_bytes;
   auto* p = static_cast<uint8_t*>(fm_malloc(n));
@@ -37,7 +38,8 @@ int main() {
   }
   // Fault counters are bumped just after the faulting thread is woken:
   // wait (bounded) until they settle.
-  fm_stats_t again{};
+  fm_stats_t again;
+  fm_stats_init(&again);
   (void)fm_stats(&s);
   for (int i = 0; i < 100; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

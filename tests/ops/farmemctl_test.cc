@@ -420,6 +420,7 @@ TEST_F(Farmemctl, RealFarMemoryProcessAgainstRealDonor) {
   ASSERT_EQ(fm_init(&c), 0) << fm_last_error();
   auto sock = StatsSocket::start([&](StatsSnapshot& s) {
     fm_stats_t f;
+    fm_stats_init(&f);
     if (fm_stats(&f) == 0) add_fm_stats(s, f, addr_);
   });
   ASSERT_TRUE(sock.ok()) << sock.status().to_string();
@@ -435,6 +436,8 @@ TEST_F(Farmemctl, RealFarMemoryProcessAgainstRealDonor) {
   // The pager bumps a fault counter just after it wakes the faulting
   // thread: wait (bounded) until the counters have settled.
   fm_stats_t before, again;
+  fm_stats_init(&before);
+  fm_stats_init(&again);
   ASSERT_EQ(fm_stats(&before), 0);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (std::chrono::steady_clock::now() < deadline) {
@@ -446,6 +449,7 @@ TEST_F(Farmemctl, RealFarMemoryProcessAgainstRealDonor) {
   }
   ToolRun r = farmemctl({"stats", std::to_string(getpid()), "--json"});
   fm_stats_t after;
+  fm_stats_init(&after);
   ASSERT_EQ(fm_stats(&after), 0);
   ASSERT_EQ(r.rc, 0) << r.err;
   auto j = minijson::parse(r.out);
@@ -470,11 +474,13 @@ TEST_F(Farmemctl, RealFarMemoryProcessAgainstRealDonor) {
   // traffic did not move across the whole status call (bounded: the evictor
   // goes quiet once no fault comes).
   minijson::Value d;
-  fm_stats_t now{};
+  fm_stats_t now;
+  fm_stats_init(&now);
   uint64_t leased = 0;
   auto deadline2 = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   for (;;) {
     fm_stats_t pre;
+    fm_stats_init(&pre);
     ASSERT_EQ(fm_stats(&pre), 0);
     ToolRun st = farmemctl({"status", addr_, "--token-file", token_file_, "--json"});
     ASSERT_EQ(st.rc, 0) << st.err;
