@@ -5,7 +5,9 @@
 #      package, pkg-config files, systemd unit + env file, man pages);
 #   2. examples/downstream configures with find_package(farmem) and builds;
 #   3. it runs against the installed farmemd (started here on a free port)
-#      and leases, writes and reads back; installed farmemctl sees the donor;
+#      and leases, writes and reads back; a C program using the far-memory
+#      API (farmem::allocator) writes 4x its local budget there and reads it
+#      back; installed farmemctl sees the donor;
 #   4. a program compiled with `pkg-config --cflags --libs farmem` links.
 #
 # usage: install_test.sh BUILD_DIR SOURCE_DIR
@@ -78,6 +80,18 @@ json=$("$prefix/bin/farmemctl" status "127.0.0.1:$port" --token-file "$work/toke
   fail "installed farmemctl status"
 [[ $json == *'"capacity_bytes":16777216'* && $json == *'"written_bytes":4096'* &&
    $json == *'"read_bytes":4096'* ]] || fail "farmemctl status figures: $json"
+# The C API (farmem/farmem.h, farmem::allocator) from a C program, against
+# the same donor: far memory four times its local budget, read back.
+rc=0
+out=$("$work/ds/farmem_downstream_api" "127.0.0.1:$port" "$work/token") || rc=$?
+if [[ $rc == 77 ]]; then
+  echo "install_test: note: C API run skipped (userfaultfd not available): $out"
+elif [[ $rc != 0 ]]; then
+  fail "downstream C API run (exit $rc): $out"
+else
+  [[ $out == "ok: wrote and read back 8 MiB through a 2 MiB local budget, with remote faults" ]] ||
+    fail "unexpected downstream C API output: $out"
+fi
 
 # 4. pkg-config.
 cat > "$work/pc.cc" <<'CC'
