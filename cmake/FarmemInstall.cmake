@@ -9,6 +9,7 @@
 #   lib/cmake/farmem/                      find_package(farmem): farmem::runtime,
 #                                          farmem::donor, farmem::pager, ...
 #   lib/pkgconfig/farmem.pc                pkg-config --cflags --libs farmem
+#                                          (farmem-donor, farmem-api: the C API)
 #   lib/systemd/system/farmemd.service     + etc/farmem/farmemd.env
 #   share/man/man1/farmemctl.1, share/man/man8/farmemd.8
 #
@@ -99,8 +100,8 @@ install(FILES ${PROJECT_BINARY_DIR}/packaging/farmemConfig.cmake
               ${PROJECT_BINARY_DIR}/packaging/farmemConfigVersion.cmake
         DESTINATION ${FARMEM_INSTALL_CMAKEDIR})
 
-# pkg-config: the runtime library (control client, transports, wire) and,
-# as farmem-donor, the donor library. prefix is found relative to the .pc
+# pkg-config: the runtime library (control client, transports, wire),
+# as farmem-donor the donor library, and as farmem-api the far-memory API. prefix is found relative to the .pc
 # file, so `cmake --install --prefix P` gives working files.
 set(FARMEM_PC_VERBS_LIBS "")
 set(FARMEM_PC_VERBS_REQUIRES "")
@@ -114,9 +115,14 @@ configure_file(${PROJECT_SOURCE_DIR}/packaging/farmem.pc.in
                ${PROJECT_BINARY_DIR}/packaging/farmem.pc @ONLY)
 configure_file(${PROJECT_SOURCE_DIR}/packaging/farmem-donor.pc.in
                ${PROJECT_BINARY_DIR}/packaging/farmem-donor.pc @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/packaging/farmem.pc
-              ${PROJECT_BINARY_DIR}/packaging/farmem-donor.pc
-        DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+set(_farmem_pcs ${PROJECT_BINARY_DIR}/packaging/farmem.pc
+                ${PROJECT_BINARY_DIR}/packaging/farmem-donor.pc)
+if(TARGET farmem_allocator)
+  configure_file(${PROJECT_SOURCE_DIR}/packaging/farmem-api.pc.in
+                 ${PROJECT_BINARY_DIR}/packaging/farmem-api.pc @ONLY)
+  list(APPEND _farmem_pcs ${PROJECT_BINARY_DIR}/packaging/farmem-api.pc)
+endif()
+install(FILES ${_farmem_pcs} DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
 # The daemon as a service. The unit names absolute paths, so it is
 # generated at install time for the prefix actually used. Packagers

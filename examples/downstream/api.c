@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   c.token_file = argv[2];
   c.transport = "tcp";
   c.local_mem = 2 << 20;
+  c.region_size = 12 << 20; /* of the donor's capacity */
   if (fm_init(&c) != 0) {
     fprintf(stderr, "farmem_downstream_api: %s\n", fm_last_error());
     return errno == EPERM ? 77 : 1;

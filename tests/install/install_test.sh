@@ -8,7 +8,9 @@
 #      and leases, writes and reads back; a C program using the far-memory
 #      API (farmem::allocator) writes 4x its local budget there and reads it
 #      back; installed farmemctl sees the donor;
-#   4. a program compiled with `pkg-config --cflags --libs farmem` links.
+#   4. a program compiled with `pkg-config --cflags --libs farmem` links, and
+#      the C API program with `pkg-config --cflags --libs farmem-api` links
+#      and runs.
 #
 # usage: install_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -62,7 +64,7 @@ cmake --build "$work/ds" > "$work/ds-build.log" 2>&1 || { cat "$work/ds-build.lo
 # 3. Against the installed farmemd.
 head -c 32 /dev/urandom | base64 > "$work/token"
 chmod 600 "$work/token"
-"$prefix/sbin/farmemd" --listen 127.0.0.1:0 --capacity 16M --slab-size 1M \
+"$prefix/sbin/farmemd" --listen 127.0.0.1:0 --capacity 32M --slab-size 1M \
   --token-file "$work/token" > "$work/farmemd.out" 2> "$work/farmemd.err" &
 daemon_pid=$!
 port=
@@ -78,7 +80,7 @@ out=$("$work/ds/farmem_downstream" "127.0.0.1:$port" "$work/token" 3M) || fail "
   fail "unexpected downstream output: $out"
 json=$("$prefix/bin/farmemctl" status "127.0.0.1:$port" --token-file "$work/token" --json) ||
   fail "installed farmemctl status"
-[[ $json == *'"capacity_bytes":16777216'* && $json == *'"written_bytes":4096'* &&
+[[ $json == *'"capacity_bytes":33554432'* && $json == *'"written_bytes":4096'* &&
    $json == *'"read_bytes":4096'* ]] || fail "farmemctl status figures: $json"
 # The C API (farmem/farmem.h, farmem::allocator) from a C program, against
 # the same donor: far memory four times its local budget, read back.
@@ -103,5 +105,17 @@ flags=$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs farme
 c++ -std=c++20 "$work/pc.cc" -o "$work/pc" $flags -lcrypto || fail "compile with pkg-config flags: $flags"
 [[ $("$work/pc") == "3.0 MiB" ]] || fail "pkg-config program output"
 PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --exists farmem-donor || fail "pkg-config farmem-donor"
+# The C API program again, built by cc with `pkg-config --libs farmem-api`
+# alone, and run against the donor.
+flags=$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs farmem-api) ||
+  fail "pkg-config farmem-api"
+cc -std=c11 -Wall -Wextra -Werror "$src/examples/downstream/api.c" -o "$work/api_pc" $flags ||
+  fail "compile the C API program with pkg-config flags: $flags"
+rc=0
+out=$("$work/api_pc" "127.0.0.1:$port" "$work/token") || rc=$?
+if [[ $rc != 77 ]]; then
+  [[ $rc == 0 && $out == "ok: wrote and read back 8 MiB"* ]] ||
+    fail "C API program built with pkg-config (exit $rc): $out"
+fi
 
 echo "install_test: ok (prefix $prefix, donor port $port)"
