@@ -78,6 +78,14 @@ constexpr EnvVar kEnv[] = {
      "pager: auto, on or off: the kernel resolves first writes itself (UFFD_FEATURE_WP_ASYNC) "
      "and the evictor finds written blocks with PAGEMAP_SCAN (Linux >= 6.7, needs UFFDIO_MOVE)"},
     {"FARMEM_LOG_LEVEL", "info", "error, warn, info or debug"},
+    {"FARMEM_ZERO_CHUNK", "32",
+     "pager: zero-fill chunk, 0 or a power of two from 2 to 64 blocks: a first-touch fault that "
+     "continues no stream also maps the never-filled blocks of the aligned chunk around it, "
+     "within the budget's headroom; 0 = off"},
+    {"FARMEM_BLOCKING_READ", "1",
+     "pager: 1 = an idle fault handler waits in a blocking read() of the userfaultfd (one "
+     "syscall per fault; used only where the kernel honours RWF_NOWAIT on it, Linux >= 6.10), "
+     "0 = ppoll() + read()"},
 };
 
 }  // namespace

@@ -474,6 +474,7 @@ struct BareUffdRig {
   void* mem = nullptr;
   size_t len = 0;
   std::atomic<bool> stop{false};
+  bool blocking = false;
   std::thread handler;
   alignas(4096) char zero[kPage] = {};
   bool start(size_t pages, std::string* err) {
@@ -483,7 +484,7 @@ struct BareUffdRig {
       return false;
     }
     u = std::move(*r);
-    len = pages * kPage;
+    len = (pages + 1) * kPage;  // + the stop doorbell, never touched by a run
     mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                -1, 0);
     if (mem == MAP_FAILED) {
@@ -497,11 +498,15 @@ struct BareUffdRig {
       *err = st.to_string();
       return false;
     }
+    // The bare round trip at its cheapest, as the pager's idle handlers do
+    // it: one blocking read() per fault where the kernel allows it (else
+    // poll() + read()). The last page is the stop doorbell.
+    blocking = u.enable_blocking_reads();
     handler = std::thread([this] {
       uffd_msg m[16];
       pollfd pfd{u.fd(), POLLIN, 0};
       while (!stop.load(std::memory_order_relaxed)) {
-        if (poll(&pfd, 1, 10) <= 0) continue;
+        if (!blocking && poll(&pfd, 1, 10) <= 0) continue;
         ssize_t got = read(u.fd(), m, sizeof m);
         for (ssize_t i = 0; i < got / static_cast<ssize_t>(sizeof(uffd_msg)); ++i) {
           void* page = reinterpret_cast<void*>(m[i].arg.pagefault.address & ~(kPage - 1));
@@ -513,6 +518,11 @@ struct BareUffdRig {
   }
   ~BareUffdRig() {
     stop = true;
+    if (blocking && handler.joinable()) {
+      // Wakes the blocked read(): a fault on the doorbell page, which the
+      // handler resolves before it sees stop.
+      (void)*static_cast<volatile char*>(static_cast<char*>(mem) + len - kPage);
+    }
     if (handler.joinable()) handler.join();
     if (mem) {
       (void)u.unregister_range(mem, len);

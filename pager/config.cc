@@ -102,6 +102,11 @@ Status PagerConfig::validate() const {
                       "zero-fill fault-around %u: at most 64 blocks (0 turns it off)",
                       zero_fault_around);
   }
+  if (zero_chunk > 64 || zero_chunk == 1 || (zero_chunk & (zero_chunk - 1)) != 0) {
+    return make_error(Errc::kInvalidArgument,
+                      "zero-fill chunk %u: a power of two from 2 to 64 blocks (0 turns it off)",
+                      zero_chunk);
+  }
   if (staging_blocks > 256) {
     return make_error(Errc::kInvalidArgument, "staging blocks %u: at most 256", staging_blocks);
   }
@@ -151,6 +156,16 @@ Result<PagerConfig> PagerConfig::from_env(PagerConfig c) {
     auto r = parse_uint(v, "FARMEM_ZERO_AROUND_WRITABLE", 0, 1);
     if (!r.ok()) return r.status();
     c.zero_around_writable = *r == 1;
+  }
+  if (const char* v = getenv("FARMEM_ZERO_CHUNK")) {
+    auto r = parse_uint(v, "FARMEM_ZERO_CHUNK", 0, 64);
+    if (!r.ok()) return r.status();
+    c.zero_chunk = static_cast<uint32_t>(*r);
+  }
+  if (const char* v = getenv("FARMEM_BLOCKING_READ")) {
+    auto r = parse_uint(v, "FARMEM_BLOCKING_READ", 0, 1);
+    if (!r.ok()) return r.status();
+    c.blocking_read = *r == 1;
   }
   FARMEM_RETURN_IF_ERROR(c.validate());
   return c;

@@ -16,6 +16,8 @@
 //   FARMEM_WP_ASYNC        auto / on / off: UFFD_FEATURE_WP_ASYNC + PAGEMAP_SCAN dirty tracking
 //   FARMEM_ZERO_AROUND     0..64: zero-fill fault-around run limit in blocks (0 = off)
 //   FARMEM_ZERO_AROUND_WRITABLE  0 / 1: blocks mapped ahead of a write fault writable + dirty
+//   FARMEM_ZERO_CHUNK      0, 2..64 (a power of two): zero-fill chunk in blocks (0 = off)
+//   FARMEM_BLOCKING_READ   0 / 1: idle handlers block in read() of the uffd (where supported)
 #pragma once
 
 #include <cstdint>
@@ -46,6 +48,10 @@ struct PagerConfig {
   uint64_t local_budget = 256ull << 20;
   // Fault handler threads; 0 = default_handler_threads().
   uint32_t handler_threads = 0;
+  // An idle handler waits in a blocking read() of the uffd (one syscall per
+  // fault) when the kernel lets the busy ones read without blocking (pager.h
+  // "Idle handlers block in read()"); false keeps ppoll() + read() (tests).
+  bool blocking_read = true;
   // Fetch granularity: a power of two from 4 KiB to 2 MiB.
   uint32_t block_size = 4096;
   // Background eviction starts when resident > high * budget and stops at
@@ -86,6 +92,13 @@ struct PagerConfig {
   // (false: its first write still costs a WP fault). Read faults always map
   // them write-protected and clean.
   bool zero_around_writable = true;
+  // Zero-fill chunks (pager.h "Zero-fill chunks"): a zero fault that
+  // continues no stream also maps the never-filled blocks of the aligned
+  // chunk of this many blocks around it (Empty blocks no zero fill ever
+  // mapped: freed or discarded memory is not mapped again), in the same
+  // ioctl where they are contiguous, within the budget's headroom. A power
+  // of two, capped at 256 KiB; 0 turns it off.
+  uint32_t zero_chunk = 32;
 
   Status validate() const;
   // Overrides fields from FARMEM_* variables; a bad value is an error that

@@ -68,6 +68,38 @@
 // The all-zero check costs 0.14-0.32 us per all-zero 4 KiB block
 // (cache-hot, same machine), only for dirty blocks never written back.
 //
+// Zero-fill chunks (config.zero_chunk, FARMEM_ZERO_CHUNK, default 32
+// blocks; zero_chunk_fill()): sort's first touches are scattered over its
+// 100 MB buffer (most continue no stream), so a zero fault that continues
+// no stream also maps the blocks of the ALIGNED chunk around it, with the
+// fault-around rules: only Empty blocks, each taken Empty -> Fetching, only
+// within the headroom below the high watermark (nearest to the fault first
+// when it does not cover all), never waking the evictor, one UFFDIO_COPY
+// per contiguous run (the faulting block's run last: its copy wakes the
+// thread), write-protected and clean for a read fault, writable and dirty
+// for a write fault (zero_around_writable), counted in zero_around;
+// clean_if_zero() drops the never-written ones without I/O. Only blocks no
+// zero fill ever mapped (filled_: one bit per block, set by every zero
+// fill: faults, fault-around runs, chunks, populate_zero()): memory a
+// program freed (discarded back to Empty) inside a chunk is not mapped
+// again for a neighbour's first touch, so freed-and-reused heaps do not
+// grow. So a chunk is filled once (again only where the headroom cut a
+// fill short).
+// Measured (bench/preload_overhead.sh --reps 7, same binary with
+// FARMEM_ZERO_CHUNK=32 / 0 / 64 interleaved, load average 2.6-5.5): sort's
+// zero faults 1143-1156 -> 496 (32) -> 259 (64); peak RSS unchanged (sort
+// 71.6 MiB with and without, 72.0 at 64; python3 135.7 / 135.6 MiB; plain
+// runs 63.4 / 122.4); wall and CPU ratios with / without the library moved
+// by +-0.1 between identical runs (sort CPU ratio 0.95-1.02 chunk 32,
+// 0.97-1.08 off) and decide nothing. At load average 1.6, two pairs
+// (--reps 7, sort): chunk 32 wall ratio median 1.004 / 1.053, minimum
+// 0.990 / 0.978, CPU 0.93 / 1.00; off 1.101 / 1.072, 1.059 / 1.064, CPU
+// 1.06 / 1.00. The eval's kv (bench/eval/run.sh,
+// fm-loopback, off / 32, quiet machine): 25% local 2.95e4 / 2.98e4 ops/s,
+// remote faults 446410 / 446060, zero faults 28254 / 28253; 75% remote
+// faults 142548 / 142194: its random first touches find no headroom or
+// filled chunks, so chunks change nothing there.
+//
 // Allocation-time population (populate_zero(); the far heap calls it for
 // the first FarHeapOptions::populate_max bytes of a fresh allocation,
 // FARMEM_POPULATE_MAX): fault-around still takes a fault per run, and each
@@ -137,14 +169,22 @@
 //     on the wake-up in one pair of runs, but in A/B runs bare and pager
 //     p50 both moved 23 -> 30 us (the periodic timer changed where the
 //     scheduler put the threads). Not kept.
-//   * Not done, and the only lever of the size needed for "< 1 us over
-//     bare" here: a blocking read() of the uffd instead of ppoll() + read()
-//     saves one syscall (1.1 us) per fault. A read blocked inside a
-//     dispatch section would stall wait_dispatch_sections() (prepare_fork),
-//     one blocked outside it can take a UFFD_EVENT_FORK that fork_parent()
-//     does not see, and nothing but an event wakes it for ~Pager: it needs
-//     a doorbell page (a fault the destructor raises) and a fork protocol
-//     that does not rely on dispatch sections around the read.
+//   * An idle handler blocks in read() of the uffd instead of ppoll() +
+//     read() (see "Idle handlers block in read()" above handler_main()):
+//     one syscall less per fault. BM_ColdFault loopback, HEAD and the
+//     change interleaved (scratch copies first, then this file; 10 pairs
+//     of runs, load average 3.1-5.2): added_us median 1.06-2.35 (mostly
+//     1.13-1.61) -> -0.13 .. -0.67 us, mean likewise; pager_p50 itself
+//     fell by ~1.3-1.6 us at equal bare_p50. Kept. Negative only because
+//     the bare rig then still did poll() + read(); it now blocks in read()
+//     too (bench/pager_bench.cc BareUffdRig: the fair comparison). Idle
+//     (load 0.1-0.9), same binary, bare rig polling / blocking alternated,
+//     3 pairs: added_us median -0.19 / 0.15 / -10 (polling bare) against
+//     1.89 / 1.83 / 1.68 (blocking bare). So the bare round trip gains
+//     even more from one syscall less than the pager did, and the pager
+//     still adds ~1.7-1.9 us: the 4 KiB memcpy (~0.7-0.9, the stand-in
+//     for the NIC's DMA, transport_read_p50) and ~0.9-1.1 us of its own.
+//     "< 1 us over bare" is NOT met against the blocking bare rig.
 // BM_ColdFault (build/bench/farmem_bench_pager --benchmark_filter=
 // 'BM_ColdFault/backend:0' --benchmark_repetitions=3
 // --benchmark_report_aggregates_only=true; mean / median of 3):
@@ -339,6 +379,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -431,6 +472,10 @@ class Pager {
   // True when dirty tracking uses UFFD_FEATURE_WP_ASYNC + PAGEMAP_SCAN
   // (config.wp_async and the kernel allow it; see "WP_ASYNC" above).
   bool uses_wp_async() const { return use_wp_async_; }
+  // True when idle handlers wait in a blocking read() of the uffd
+  // (config.blocking_read and the kernel allow it; see "Idle handlers block
+  // in read()").
+  bool uses_blocking_read() const { return blocking_read_; }
 
   // Drops [addr, addr+len) (block-aligned): the range reads as zeros again,
   // its remote space and budget are freed. Control path (allocator purge);
@@ -593,6 +638,9 @@ class Pager {
     // Odd while the thread dispatches faults; prepare_fork() waits for an
     // odd value to change (the dispatch saw fork_frozen_ or finished).
     std::atomic<uint32_t> fork_seq{0};
+    // Set when the thread returns (~Pager rings the doorbell until all are).
+    std::atomic<bool> exited{false};
+    bool poller = false;  // counted in pollers_ (set_poller())
     // Prefetched blocks of a confirmed stream that landed and wait to be
     // mapped together (add_to_run() / flush_run()): blocks [run_first,
     // run_first + run_n), their slots in run_slot, all mapped writable or
@@ -658,11 +706,25 @@ class Pager {
   // below b for a descending one), and takes them (Empty -> Fetching,
   // budget reserved); returns how many it took (0 .. window) and sets
   // *first to the lowest block of the run: b ascending, b - taken descending.
-  uint32_t zero_around_claim(uint32_t b, uint32_t* first);
+  // *continued: b continued a stream (false: a new stream starts at b).
+  uint32_t zero_around_claim(uint32_t b, uint32_t* first, bool* continued);
   // Maps [first, first + n) (all owned, Fetching; n >= 2) as zeros; b, the
   // faulting block, is first or first + n - 1; b writable and dirty for a
   // write fault, the others as config.zero_around_writable says.
   void install_zero_run(uint32_t first, uint32_t n, uint32_t b, bool write);
+  // Zero-fill chunks (see "Zero-fill chunks" above). After a zero fault on
+  // b (owned, Fetching, budget reserved) that continues no stream: takes
+  // the Empty blocks of b's aligned chunk that no zero fill ever mapped
+  // (Empty -> Fetching, budget from the headroom below high) and maps them
+  // with b, one UFFDIO_COPY per contiguous run (b's run last: it wakes the
+  // faulting thread); b as a write fault says, the others as
+  // install_zero_run(). Returns how many blocks besides b it mapped; 0:
+  // nothing was taken and b is still the caller's to map.
+  uint32_t zero_chunk_fill(uint32_t b, bool write);
+  // Records [first, first + n) as mapped by a zero fill (filled_), so that
+  // a chunk fill never maps them again once freed or discarded. Called by
+  // the owner of the blocks, before their copy.
+  void mark_filled(uint32_t first, uint32_t n);
   // Demotion, after the block's bytes were copied to its slot (the block
   // is owned and write-protected or unmapped, so they are final): a dirty
   // block that has no remote copy and holds only zeros is the same as a
@@ -755,6 +817,14 @@ class Pager {
   }
   std::atomic<uint64_t> zero_streams_[kZeroStreams] = {};
   std::atomic<uint32_t> zero_stream_next_{0};
+  // Zero-fill chunks: the chunk in blocks (config.zero_chunk capped at
+  // 256 KiB; 0 = off), and one bit per block set once a zero fill mapped it
+  // (lazily backed: 1 bit per 4 KiB, pages of it only where blocks were
+  // filled; advisory, the page table still decides who maps a block). A
+  // chunk is at most 64 blocks and aligned, so its bits are in one word.
+  uint32_t zero_chunk_ = 0;
+  pager_detail::Mapping filled_;
+  uint64_t* filled_words() const { return reinterpret_cast<uint64_t*>(filled_.ptr); }
   uint32_t n_slots_ = 0;
   uint32_t staging_blocks_ = 0;
   bool use_move_ = false;
@@ -810,6 +880,37 @@ class Pager {
   std::atomic<bool> stop_{false};
   int stop_fd_ = -1;
 
+  // Idle handlers block in read() (see the comment above handler_main()).
+  // blocking_read_: the uffd is blocking and preadv2(RWF_NOWAIT) works.
+  // The doorbell: one page registered with the uffd outside the region; a
+  // fault on it (doorbell_main(), asked by ring_doorbell()) is the only way
+  // to wake a handler blocked in read(). ring_active_: a ring is on;
+  // handlers then neither start a blocking read nor poll the uffd.
+  static constexpr size_t kDoorbellBytes = 4096;
+  bool blocking_read_ = false;
+  pager_detail::Mapping doorbell_;
+  uint64_t doorbell_addr_ = 0;
+  std::atomic<bool> ring_active_{false};
+  std::mutex ring_mu_;  // one ring at a time
+  std::mutex bell_mu_;  // bell_req_, bell_done_, bell_exit_
+  std::condition_variable bell_cv_;
+  uint64_t bell_req_ = 0, bell_done_ = 0;
+  bool bell_exit_ = false;
+  std::thread bell_thread_;
+  // Handlers that wait in ppoll() (busy, or a fork or a ring is on): the
+  // uffd is non-blocking while there is one, since poll() of a blocking
+  // uffd only says POLLERR. mode_mu_ orders the count with the fcntl().
+  std::mutex mode_mu_;
+  int pollers_ = 0;                   // guarded by mode_mu_
+  std::atomic<int> pollers_hint_{0};  // its last value, read unlocked
+  void set_poller(Handler& h, bool on);
+  void doorbell_main();
+  // Keeps the doorbell ringing (a fault on it that every handler reading it
+  // wakes unresolved, so that it faults again) until done() holds, then
+  // maps the page to let the toucher go and drops it again.
+  template <class Done>
+  void ring_doorbell(Done done);
+
   // fork() snapshots (prepare_fork()).
   // A write-back of b is about to reuse its unit: when a snapshot reads
   // that unit, b moves to a new one first (the old one is freed with the
@@ -817,7 +918,9 @@ class Pager {
   Status fork_rehome(uint32_t b);
   Status fork_writeback_victims();
   // Waits until every handler dispatch section running now has ended.
-  void wait_dispatch_sections();
+  // ring: a section may be blocked in read() (prepare_fork(); see
+  // handler_main()), so ring the doorbell until they ended.
+  void wait_dispatch_sections(bool ring);
   std::atomic<bool> fork_frozen_{false};  // handlers park faults
   std::mutex fork_mu_;                    // one fork at a time: prepare .. parent
   std::mutex fork_gate_;                  // held by the evictor per round; by a fork
@@ -890,6 +993,8 @@ Status Pager<B>::init() {
   auto u = Uffd::open(want_async);
   if (!u.ok()) return u.status();
   uffd_ = std::move(*u);
+  // Before any range is registered: the probe reads the empty descriptor.
+  if (cfg_.blocking_read) blocking_read_ = uffd_.enable_blocking_reads();
 
   n_blocks_ = cfg_.region_size / block_;
   FARMEM_RETURN_IF_ERROR(pt_.init(n_blocks_));
@@ -938,8 +1043,16 @@ Status Pager<B>::init() {
   // written, so it costs no memory (reads map the kernel's zero page).
   zero_around_max_ = std::min<uint32_t>(cfg_.zero_fault_around, kZeroAroundMaxBytes / block_ - 1);
   if (kZeroAroundMaxBytes / block_ < 2) zero_around_max_ = 0;
+  // Both powers of two: the chunk stays one aligned power of two.
+  zero_chunk_ = std::min<uint32_t>(cfg_.zero_chunk, kZeroAroundMaxBytes / block_);
+  if (zero_chunk_ < 2) zero_chunk_ = 0;
+  if (zero_chunk_ > 0) {
+    FARMEM_RETURN_IF_ERROR(
+        filled_.map((n_blocks_ + 63) / 64 * 8, 4096, true, "zero-fill chunk bitmap"));
+  }
   FARMEM_RETURN_IF_ERROR(
-      zero_.map(uint64_t{block_} * (1 + zero_around_max_), 4096, false, "zero block"));
+      zero_.map(uint64_t{block_} * std::max<uint32_t>(1 + zero_around_max_, zero_chunk_), 4096,
+                false, "zero block"));
   FARMEM_RETURN_IF_ERROR(transport_->register_buffer(slots_.ptr, uint64_t{n_slots_} * block_));
   registered_.push_back(slots_.ptr);
   free_slots_.reserve(n_slots_);
@@ -956,6 +1069,12 @@ Status Pager<B>::init() {
   }
   stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (stop_fd_ < 0) return make_error(Errc::kIo, "eventfd: %s", strerror(errno));
+  if (blocking_read_) {
+    FARMEM_RETURN_IF_ERROR(doorbell_.map(kDoorbellBytes, 4096, false, "uffd doorbell page"));
+    FARMEM_RETURN_IF_ERROR(uffd_.register_range(doorbell_.ptr, kDoorbellBytes));
+    doorbell_addr_ = reinterpret_cast<uintptr_t>(doorbell_.ptr);
+    bell_thread_ = std::thread([this] { doorbell_main(); });
+  }
 
   for (uint32_t i = 0; i < cfg_.handler_threads; ++i) {
     auto h = std::make_unique<Handler>();
@@ -1001,10 +1120,13 @@ Status Pager<B>::init() {
     hp->thread = std::thread([this, hp] { handler_main(*hp); });
   }
   evictor_ = std::thread([this] { evictor_main(); });
-  FARMEM_LOG(kDebug, "pager: region %p + %llu, budget %lld blocks of %u, %u handlers, uffd %s",
+  FARMEM_LOG(kDebug,
+             "pager: region %p + %llu, budget %lld blocks of %u, %u handlers, uffd %s, idle "
+             "handlers %s",
              static_cast<void*>(region_.ptr), static_cast<unsigned long long>(cfg_.region_size),
              static_cast<long long>(budget_blocks_), block_, cfg_.handler_threads,
-             uffd_.features().to_string().c_str());
+             uffd_.features().to_string().c_str(),
+             blocking_read_ ? "block in read()" : "ppoll() (no RWF_NOWAIT on the uffd)");
   return ok_status();
 }
 
@@ -1178,8 +1300,27 @@ Pager<B>::~Pager() {
     std::lock_guard<std::mutex> lk(evict_mu_);
     evict_cv_.notify_all();
   }
+  if (bell_thread_.joinable() && !fork_child_) {
+    // A handler blocked in read() does not see stop_fd_: ring until every
+    // handler has returned (each one that reads the doorbell goes back to
+    // the top of its loop and sees stop_).
+    ring_doorbell([this] {
+      for (auto& h : handlers_) {
+        if (h->thread.joinable() && !h->exited.load(std::memory_order_acquire)) return false;
+      }
+      return true;
+    });
+  }
   for (auto& h : handlers_) {
     if (h->thread.joinable()) h->thread.join();
+  }
+  if (bell_thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lk(bell_mu_);
+      bell_exit_ = true;
+    }
+    bell_cv_.notify_all();
+    bell_thread_.join();
   }
   if (evictor_.joinable()) evictor_.join();
   if (region_.ptr && uffd_.fd() >= 0) (void)uffd_.unregister_range(region_.ptr, cfg_.region_size);
@@ -1300,6 +1441,47 @@ bool Pager<B>::retry_read(Handler& h, const Inflight& f, Errc why) {
 
 // ---- fault path -----------------------------------------------------------
 
+// Idle handlers block in read() (config.blocking_read). A handler with
+// nothing to come back for (no I/O in flight, nothing pending or deferred)
+// waits in read() of the uffd itself: one syscall per fault instead of
+// ppoll() + read() (1.1 us each here; measured in "Fault-path cost").
+//   * Needs Linux >= 6.10: the uffd is made blocking, and a busy handler
+//     (timed waits) reads with preadv2(RWF_NOWAIT), which never blocks when
+//     another handler took the message. Probed once in init() (an empty
+//     read must say EAGAIN); otherwise the uffd stays non-blocking and
+//     every handler ppoll()s as before (uses_blocking_read(), a debug line).
+//   * poll() of a blocking uffd only says POLLERR, so while any handler
+//     polls (busy, a fork prepared, a ring on) the uffd is switched back to
+//     non-blocking (set_poller(): a count under mode_mu_, one fcntl() at
+//     0 <-> 1); an idle handler seeing a poller polls too. A read() already
+//     blocked stays blocked whatever the flag becomes.
+//   * Stop: a blocked read() sees no eventfd and signals are not ours to
+//     use, so ~Pager rings the doorbell (ring_doorbell()): the fm-doorbell
+//     thread faults on a page registered outside the region; a handler
+//     reading that fault wakes it unresolved (UFFDIO_WAKE), goes back to
+//     the top of its loop and returns (stop_); the fault comes again and
+//     reaches the next blocked handler; when all returned the ringer maps
+//     the page (the toucher goes) and drops it (the next ring faults again).
+//   * Fork (invariant 8): the dispatch section opens BEFORE the blocking
+//     read, as before the read after ppoll(), so an event read is handed
+//     to fork_ inside a section and fork_parent()'s argument is unchanged.
+//     The section opens (seq_cst increment of fork_seq), then fork_frozen_
+//     is loaded (seq_cst); prepare_fork() stores fork_frozen_ (seq_cst),
+//     then reads fork_seq (seq_cst). In the single total order either the
+//     handler's load comes after the store (it sees the flag and polls
+//     instead: no blocking read while frozen) or prepare_fork()'s read of
+//     fork_seq comes after the increment (it sees the section open and,
+//     wait_dispatch_sections(ring), rings until it ended). So once
+//     prepare_fork()'s wait is over, no handler is or will be blocked in
+//     read() until fork_parent() clears the flag, the handlers poll the
+//     (non-blocking) uffd as before and read the UFFD_EVENT_FORK in a
+//     section, and fork_parent() waits without ringing.
+//   * A ring makes progress: while it is on, handlers that poll leave the
+//     uffd out of ppoll() (100 us timeout) and none starts a blocking read,
+//     so the doorbell fault reaches a handler blocked in read() (or one
+//     that polled the uffd before it saw the ring, once), and the reader
+//     always wakes it, so that it comes again while the ringer's condition
+//     does not hold.
 template <TransportBackend B>
 void Pager<B>::handler_main(Handler& h) {
   pthread_setname_np(pthread_self(), "fm-fault");
@@ -1310,6 +1492,7 @@ void Pager<B>::handler_main(Handler& h) {
   for (;;) {
     if (stop_.load(std::memory_order_acquire)) {
       while (h.q->outstanding() > 0) reap(h, 10);
+      h.exited.store(true, std::memory_order_release);
       return;
     }
     timespec ts{0, 0};
@@ -1326,28 +1509,71 @@ void Pager<B>::handler_main(Handler& h) {
       ts.tv_nsec = 200 * 1000;  // waiting for another thread's I/O or for budget
       tp = &ts;
     }
-    int r = ppoll(fds, 2, tp, nullptr);
     // Dispatch section (see prepare_fork()): while a fork is being prepared
     // or runs, faults are parked and no ioctl is started, and the uffd is
     // still read so that the kernel's UFFD_EVENT_FORK is. Odd inside; only
-    // this thread writes fork_seq.
-    h.fork_seq.fetch_add(1, std::memory_order_seq_cst);
-    ++seq;
+    // this thread writes fork_seq. It opens before the uffd is read, so that
+    // an event read is handed to fork_ inside it.
+    ssize_t got = -1;  // bytes read from the uffd this turn
+    bool open = false;
+    const bool quiet = !fork_frozen_.load(std::memory_order_relaxed) &&
+                       !ring_active_.load(std::memory_order_relaxed);
+    if (blocking_read_) set_poller(h, tp != nullptr || !quiet);
+    // Another handler polls: the uffd is non-blocking, poll it too (a
+    // blocking read() would return at once). Its ppoll() returns POLLERR
+    // once that one made the uffd blocking again: one turn more, then read().
+    if (tp == nullptr && quiet && blocking_read_ &&
+        pollers_hint_.load(std::memory_order_acquire) == 0) {
+      // Idle: the section opens, then the read waits in it (one syscall per
+      // fault). Not while a fork is prepared or a ring is on: the section
+      // would then only end at the next fault. The seq_cst increment and
+      // load pair with prepare_fork()'s store and its read of fork_seq:
+      // either this load sees the fork flag, or prepare_fork() sees the
+      // section open and rings the doorbell until it has ended.
+      h.fork_seq.fetch_add(1, std::memory_order_seq_cst);
+      ++seq;
+      open = true;
+      if (!fork_frozen_.load(std::memory_order_seq_cst) &&
+          !ring_active_.load(std::memory_order_seq_cst)) {
+        got = read(uffd_.fd(), msgs, sizeof msgs);
+      } else {
+        h.fork_seq.store(++seq, std::memory_order_release);
+        open = false;
+      }
+    }
+    if (!open) {
+      // While a ring is on, leave the uffd to the handlers blocked in read():
+      // each doorbell fault then reaches one of them (see ring_doorbell()).
+      const bool ring = blocking_read_ && ring_active_.load(std::memory_order_acquire);
+      if (ring && tp == nullptr) {
+        ts.tv_nsec = 100 * 1000;  // back to the uffd soon after the ring
+        tp = &ts;
+      }
+      fds[0].fd = ring ? -1 : uffd_.fd();
+      const int r = ppoll(fds, 2, tp, nullptr);
+      h.fork_seq.fetch_add(1, std::memory_order_seq_cst);
+      ++seq;
+      // Never blocks: another handler may have taken the message.
+      if (r > 0 && (fds[0].revents & POLLIN)) got = uffd_.read_nowait(msgs, sizeof msgs);
+    }
     const bool frozen = fork_frozen_.load(std::memory_order_seq_cst);
-    if (r > 0 && (fds[0].revents & POLLIN)) {
-      ssize_t n = read(uffd_.fd(), msgs, sizeof msgs);
-      if (n > 0) {
-        size_t cnt = static_cast<size_t>(n) / sizeof(uffd_msg);
-        for (size_t i = 0; i < cnt; ++i) {
-          if (msgs[i].event == UFFD_EVENT_FORK) {
-            fork_.on_fork_event(static_cast<int>(msgs[i].arg.fork.ufd));
-            continue;
-          }
-          if (msgs[i].event != UFFD_EVENT_PAGEFAULT) continue;
-          uint64_t addr = msgs[i].arg.pagefault.address;
-          uint64_t flags = msgs[i].arg.pagefault.flags;
-          if (frozen || handle_fault(h, addr, flags) == Outcome::kDefer) defer(h, addr, flags);
+    if (got > 0) {
+      size_t cnt = static_cast<size_t>(got) / sizeof(uffd_msg);
+      for (size_t i = 0; i < cnt; ++i) {
+        if (msgs[i].event == UFFD_EVENT_FORK) {
+          fork_.on_fork_event(static_cast<int>(msgs[i].arg.fork.ufd));
+          continue;
         }
+        if (msgs[i].event != UFFD_EVENT_PAGEFAULT) continue;
+        uint64_t addr = msgs[i].arg.pagefault.address;
+        uint64_t flags = msgs[i].arg.pagefault.flags;
+        if (blocking_read_ && addr - doorbell_addr_ < kDoorbellBytes) {
+          // Rung (ring_doorbell()): wake it unresolved, so that it faults
+          // again and reaches the next handler; this one's section ends.
+          (void)uffd_.wake(doorbell_.ptr, kDoorbellBytes);
+          continue;
+        }
+        if (frozen || handle_fault(h, addr, flags) == Outcome::kDefer) defer(h, addr, flags);
       }
     }
     // Frozen: I/O in flight still completes (prepare_fork waits for it).
@@ -1427,8 +1653,9 @@ void Pager<B>::install_mapped(uint32_t b, const void* src, bool write, uint32_t 
 }
 
 template <TransportBackend B>
-uint32_t Pager<B>::zero_around_claim(uint32_t b, uint32_t* first) {
+uint32_t Pager<B>::zero_around_claim(uint32_t b, uint32_t* first, bool* continued) {
   *first = b;
+  *continued = false;
   // A fault right after a stream's edge continues it: b == edge + 1 an
   // ascending one, b == edge - 1 a descending one (its edge is the lowest
   // block of its last run), either for a new stream.
@@ -1458,6 +1685,7 @@ uint32_t Pager<B>::zero_around_claim(uint32_t b, uint32_t* first) {
     zero_streams_[i].store(zero_stream(b, 1, kZeroEither), std::memory_order_relaxed);
     return 0;
   }
+  *continued = true;
   window = std::min<uint64_t>(std::max<uint64_t>(window * 2, 2), zero_around_max_);
   uint64_t n = std::min<uint64_t>(window, down ? uint64_t{b} : n_blocks_ - 1 - b);
   // Budget: only the headroom below the high watermark, so that a guess
@@ -1538,6 +1766,121 @@ void Pager<B>::install_zero_run(uint32_t first, uint32_t n, uint32_t b, bool wri
 }
 
 template <TransportBackend B>
+void Pager<B>::mark_filled(uint32_t first, uint32_t n) {
+  uint64_t* words = filled_words();
+  for (uint64_t i = first, end = uint64_t{first} + n; i < end;) {
+    const uint64_t bit = i % 64, k = std::min<uint64_t>(64 - bit, end - i);
+    const uint64_t mask = (k == 64 ? ~uint64_t{0} : ((uint64_t{1} << k) - 1)) << bit;
+    std::atomic_ref<uint64_t> w(words[i / 64]);
+    // Set bits stay set: a load spares the shared cache line a write.
+    if ((w.load(std::memory_order_relaxed) & mask) != mask) {
+      w.fetch_or(mask, std::memory_order_relaxed);
+    }
+    i += k;
+  }
+}
+
+template <TransportBackend B>
+uint32_t Pager<B>::zero_chunk_fill(uint32_t b, bool write) {
+  const uint32_t c0 = b & ~(zero_chunk_ - 1);
+  const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(zero_chunk_, n_blocks_ - c0));
+  const uint64_t all = len == 64 ? ~uint64_t{0} : (uint64_t{1} << len) - 1;
+  const uint64_t self = uint64_t{1} << (b - c0);
+  std::atomic_ref<uint64_t> fw(filled_words()[c0 / 64]);
+  const uint64_t filled = (fw.load(std::memory_order_relaxed) >> (c0 % 64)) & all;
+  // Never-filled blocks only: memory the program freed or discarded (Empty
+  // again) is not mapped back for a neighbour's first touch.
+  uint64_t want = all & ~filled & ~self;
+  if (want == 0) return 0;
+  // Budget: only the headroom below the high watermark (zero_around_claim()).
+  int64_t n = std::popcount(want);
+  int64_t cur = resident_.load(std::memory_order_relaxed);
+  for (;;) {
+    const int64_t room = high_blocks_ - cur;
+    if (room <= 0) return 0;
+    const int64_t k = std::min(n, room);
+    if (resident_.compare_exchange_weak(cur, cur + k, std::memory_order_relaxed)) {
+      n = k;
+      int64_t pk = peak_.load(std::memory_order_relaxed);
+      while (cur + k > pk && !peak_.compare_exchange_weak(pk, cur + k)) {
+      }
+      break;
+    }
+  }
+  // Take them, nearest to b first (the likeliest next touches) when the
+  // headroom does not cover all.
+  uint64_t got = 0;
+  int64_t taken = 0;
+  for (uint32_t d = 1; d < len && taken < n; ++d) {
+    for (const int64_t i : {int64_t{b - c0} + d, int64_t{b - c0} - d}) {
+      if (i < 0 || i >= len || !(want >> i & 1) || taken == n) continue;
+      const uint32_t c = c0 + static_cast<uint32_t>(i);
+      uint32_t w = pt_.load(c);
+      if (PageTable::state_of(w) == PageState::kEmpty &&
+          pt_.try_transition(c, w, PageTable::make(PageState::kFetching, 0, 0))) {
+        got |= uint64_t{1} << i;
+        ++taken;
+      }
+    }
+  }
+  if (taken < n) unreserve(n - taken);
+  if (got == 0) return 0;
+  const uint64_t mine = got | self;
+  counters_.bump(counters_.zero_around, static_cast<uint64_t>(taken));  // before the wake
+  const bool ahead_writable = write && cfg_.zero_around_writable;
+  auto copy = [&](uint32_t first, uint32_t cnt, bool wp) {
+    int err = 0;
+    if (uffd_.copy(block_addr(first), zero_.ptr, uint64_t{cnt} * block_, wp, &err) != Errc::kOk) {
+      fatal(
+          "pager: UFFDIO_COPY of %u zero blocks at %p (chunk fill, faulting block %u) failed: "
+          "%s; the page table and the mapping disagree",
+          cnt, static_cast<void*>(block_addr(first)), b, strerror(err));
+    }
+  };
+  // The runs of mine; b's last.
+  uint32_t b_first = b, b_end = b + 1;
+  for (uint32_t i = 0; i < len;) {
+    if (!(mine >> i & 1)) {
+      ++i;
+      continue;
+    }
+    uint32_t j = i;
+    while (j < len && (mine >> j & 1)) ++j;
+    mark_filled(c0 + i, j - i);
+    if (c0 + i <= b && b < c0 + j) {
+      b_first = c0 + i;
+      b_end = c0 + j;
+    } else {
+      copy(c0 + i, j - i, !ahead_writable);
+    }
+    i = j;
+  }
+  if (write && !ahead_writable) {
+    // b writable, the others of its run write-protected, b last.
+    if (b_first < b) copy(b_first, b - b_first, true);
+    if (b + 1 < b_end) copy(b + 1, b_end - b - 1, true);
+    copy(b, 1, false);
+  } else {
+    copy(b_first, b_end - b_first, !ahead_writable);
+  }
+  {
+    std::lock_guard<std::mutex> lk(list_mu_);
+    active_.push_front(b);  // b the oldest: touched first
+    for (uint32_t i = 0; i < len; ++i) {
+      if (got >> i & 1) active_.push_front(c0 + i);
+    }
+  }
+  pt_.finish(b, PageTable::make(PageState::kPresent, write ? PageTable::kDirty : 0, 0));
+  for (uint32_t i = 0; i < len; ++i) {
+    if (got >> i & 1) {
+      pt_.finish(c0 + i,
+                 PageTable::make(PageState::kPresent, ahead_writable ? PageTable::kDirty : 0, 0));
+    }
+  }
+  return static_cast<uint32_t>(taken);
+}
+
+template <TransportBackend B>
 size_t Pager<B>::populate_zero(void* addr, size_t len) noexcept {
   const uintptr_t base = reinterpret_cast<uintptr_t>(region_.ptr);
   const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
@@ -1588,6 +1931,7 @@ size_t Pager<B>::populate_zero(void* addr, size_t len) noexcept {
       ++b;  // another thread took b first
       continue;
     }
+    if (zero_chunk_ > 0) mark_filled(b, got);
     // One copy, writable (the program is about to write what it allocated);
     // it wakes any thread that faulted on the run meanwhile. EAGAIN (a
     // fork() copying the address space right now) is retried by copy()
@@ -1716,13 +2060,16 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
           continue;
         }
         uint32_t first = b;
-        const uint32_t extra = zero_around_max_ > 0 ? zero_around_claim(b, &first) : 0;
+        bool continued = false;
+        const uint32_t extra = zero_around_max_ > 0 ? zero_around_claim(b, &first, &continued) : 0;
         counters_.bump(counters_.faults_zero);  // before the wake, as above
-        if (extra == 0) {
-          install_mapped(b, zero_.ptr, write, 0);
-        } else {
+        if (extra > 0) {
           counters_.bump(counters_.zero_around, extra);
+          if (zero_chunk_ > 0) mark_filled(first, extra + 1);
           install_zero_run(first, extra + 1, b, write);
+        } else if (continued || zero_chunk_ == 0 || zero_chunk_fill(b, write) == 0) {
+          if (zero_chunk_ > 0) mark_filled(b, 1);
+          install_mapped(b, zero_.ptr, write, 0);
         }
         return Outcome::kDone;
       }
@@ -3125,8 +3472,9 @@ Status Pager<B>::prepare_fork() {
   fork_frozen_.store(true, std::memory_order_seq_cst);
   fork_.open_window();
   // 1. Handlers: a dispatch that began before the flag ends (one that
-  //    begins after it parks its faults).
-  wait_dispatch_sections();
+  //    begins after it parks its faults). An idle handler may be blocked in
+  //    read() inside its section: the doorbell wakes it.
+  wait_dispatch_sections(/*ring=*/true);
   // 2. I/O in flight completes; nothing starts new transient work now but
   //    discard (a block being discarded reads as zeros: it was freed).
   std::vector<uint32_t> busy;
@@ -3172,15 +3520,85 @@ Status Pager<B>::prepare_fork() {
 }
 
 template <TransportBackend B>
-void Pager<B>::wait_dispatch_sections() {
-  for (auto& h : handlers_) {
-    const uint32_t s0 = h->fork_seq.load(std::memory_order_seq_cst);
-    if (s0 & 1) {
-      while (h->fork_seq.load(std::memory_order_acquire) == s0) {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
+void Pager<B>::wait_dispatch_sections(bool ring) {
+  // handler_threads is at most 64 (config.validate()); no allocation here.
+  uint32_t s0[64];
+  const size_t nh = std::min<size_t>(handlers_.size(), 64);
+  for (size_t i = 0; i < nh; ++i) s0[i] = handlers_[i]->fork_seq.load(std::memory_order_seq_cst);
+  auto ended = [&] {
+    for (size_t i = 0; i < nh; ++i) {
+      if ((s0[i] & 1) && handlers_[i]->fork_seq.load(std::memory_order_acquire) == s0[i])
+        return false;
     }
+    return true;
+  };
+  if (ended()) return;
+  if (ring && blocking_read_) {
+    ring_doorbell(ended);
+    return;
   }
+  while (!ended()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+}
+
+template <TransportBackend B>
+void Pager<B>::set_poller(Handler& h, bool on) {
+  if (h.poller == on) return;
+  h.poller = on;
+  std::lock_guard<std::mutex> lk(mode_mu_);
+  if (on ? pollers_++ == 0 : --pollers_ == 0) uffd_.set_nonblocking(on);
+  pollers_hint_.store(pollers_, std::memory_order_release);
+}
+
+template <TransportBackend B>
+void Pager<B>::doorbell_main() {
+  pthread_setname_np(pthread_self(), "fm-doorbell");
+  std::unique_lock<std::mutex> lk(bell_mu_);
+  for (;;) {
+    bell_cv_.wait(lk, [this] { return bell_exit_ || bell_req_ != bell_done_; });
+    if (bell_req_ == bell_done_) return;  // bell_exit_
+    const uint64_t req = bell_req_;
+    lk.unlock();
+    // Faults until ring_doorbell() maps the page (handlers wake it unresolved).
+    (void)*reinterpret_cast<volatile char*>(doorbell_.ptr);
+    lk.lock();
+    bell_done_ = req;
+    bell_cv_.notify_all();
+  }
+}
+
+template <TransportBackend B>
+template <class Done>
+void Pager<B>::ring_doorbell(Done done) {
+  // Why it makes progress: while the ring is on, the only readers of the
+  // uffd are handlers blocked in read() (a handler in ppoll() leaves the
+  // uffd out once it saw ring_active_; one already polling it reads at most
+  // one more batch) and every handler that reads the doorbell fault wakes
+  // it unresolved, so the toucher faults again at once: a doorbell fault is
+  // pending or being handled until the page is mapped, and each one read
+  // ends a blocked read. done() is polled as prepare_fork() always did.
+  std::lock_guard<std::mutex> serial(ring_mu_);
+  ring_active_.store(true, std::memory_order_seq_cst);
+  uint64_t req;
+  {
+    std::lock_guard<std::mutex> lk(bell_mu_);
+    req = ++bell_req_;
+  }
+  bell_cv_.notify_all();
+  while (!done()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  // Only this maps the page, and it drops it below: never EEXIST. A toucher
+  // not there yet finds it mapped; one waiting in the kernel is woken.
+  int err = 0;
+  if (uffd_.copy(doorbell_.ptr, zero_.ptr, kDoorbellBytes, /*write_protect=*/false, &err) !=
+      Errc::kOk) {
+    fatal("pager: UFFDIO_COPY of the uffd doorbell page at %p failed: %s",
+          static_cast<void*>(doorbell_.ptr), strerror(err));
+  }
+  {
+    std::unique_lock<std::mutex> lk(bell_mu_);
+    bell_cv_.wait(lk, [&] { return bell_done_ == req; });
+  }
+  (void)madvise(doorbell_.ptr, kDoorbellBytes, MADV_DONTNEED);  // missing again: the next ring
+  ring_active_.store(false, std::memory_order_seq_cst);
 }
 
 template <TransportBackend B>
@@ -3193,8 +3611,11 @@ void Pager<B>::fork_parent() {
   // If the address space was copied, the kernel let fork() return only
   // after a handler's read() took the UFFD_EVENT_FORK (see the header), in
   // a dispatch section that began before now and hands the event to fork_
-  // before it ends: once those sections ended, fork_ knows.
-  wait_dispatch_sections();
+  // before it ends: once those sections ended, fork_ knows. No section is
+  // blocked in read() now (the handlers do not start one while
+  // fork_frozen_, and prepare_fork() waited for those begun before), so
+  // they end by themselves.
+  wait_dispatch_sections(/*ring=*/false);
   fork_.fork_done();
   fork_frozen_.store(false, std::memory_order_seq_cst);
   fork_gate_.unlock();

@@ -5,6 +5,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -437,6 +438,36 @@ Errc Uffd::wake(void* addr, size_t len) noexcept {
   r.start = reinterpret_cast<uintptr_t>(addr);
   r.len = len;
   return ioctl(fd_.get(), UFFDIO_WAKE, &r) == 0 ? Errc::kOk : Errc::kIo;
+}
+
+bool Uffd::enable_blocking_reads() noexcept {
+  const int fd = fd_.get();
+  const int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) return false;
+  // Nothing is registered yet, so nothing can be pending: a kernel that
+  // honours RWF_NOWAIT answers EAGAIN; one without read_iter on a
+  // userfaultfd answers EOPNOTSUPP. Any other answer, a message included,
+  // is not trusted either. (Linux 6.18 here: EAGAIN.)
+  uffd_msg m;
+  iovec iov{&m, sizeof m};
+  const ssize_t r = preadv2(fd, &iov, 1, -1, RWF_NOWAIT);
+  if (r < 0 && errno == EAGAIN) {
+    blocking_ = true;
+    status_flags_ = fl & ~O_NONBLOCK;
+    return true;
+  }
+  (void)fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+  return false;
+}
+
+void Uffd::set_nonblocking(bool on) noexcept {
+  if (blocking_) (void)fcntl(fd_.get(), F_SETFL, status_flags_ | (on ? O_NONBLOCK : 0));
+}
+
+ssize_t Uffd::read_nowait(void* buf, size_t len) noexcept {
+  if (!blocking_) return read(fd_.get(), buf, len);
+  iovec iov{buf, len};
+  return preadv2(fd_.get(), &iov, 1, -1, RWF_NOWAIT);
 }
 
 }  // namespace farmem

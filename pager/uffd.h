@@ -23,6 +23,8 @@
 // act on such a child descriptor.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -98,6 +100,28 @@ class Uffd {
   // Sets or clears write protection; clearing wakes the waiters.
   Errc write_protect(void* addr, size_t len, bool protect, int* err = nullptr) noexcept;
   Errc wake(void* addr, size_t len) noexcept;
+
+  // Blocking reads (pager.h "Idle handlers block in read()"). The descriptor
+  // is opened non-blocking. enable_blocking_reads() makes read() wait for a
+  // message, but only when a reader can still ask without waiting: preadv2
+  // with RWF_NOWAIT, which a userfaultfd honours from Linux 6.10 (read_iter
+  // and FMODE_NOWAIT; older kernels refuse it with EOPNOTSUPP).
+  // It probes that once, with a read that must find nothing, so call it
+  // before any range is registered; on a refusal it leaves the descriptor
+  // non-blocking and returns false. Never allocates.
+  bool enable_blocking_reads() noexcept;
+  bool blocking_reads() const { return blocking_; }
+  // poll() of a blocking userfaultfd always answers POLLERR (the kernel's
+  // userfaultfd_poll: "poll() never guarantees that read won't block"), so
+  // a caller that polls switches the descriptor back to non-blocking while
+  // it does (the file status flag is shared by every reader; a read()
+  // already blocked stays blocked). One fcntl(); only after
+  // enable_blocking_reads() succeeded.
+  void set_nonblocking(bool on) noexcept;
+  // Reads pending messages without ever waiting, whatever the mode: bytes
+  // read, or -1 with errno (EAGAIN: none pending, e.g. another handler took
+  // it). Never allocates.
+  ssize_t read_nowait(void* buf, size_t len) noexcept;
   // UFFDIO_MOVE (features().move, Linux >= 6.8): moves the pages of
   // [src, src+len) to dst without copying; src becomes unmapped, dst is
   // mapped writable and not write-protected. Wakes the waiters on dst unless
@@ -129,6 +153,8 @@ class Uffd {
   UffdFeatures features_;
   UffdSource source_ = UffdSource::kSyscall;
   bool wp_async_ = false;
+  bool blocking_ = false;
+  int status_flags_ = 0;  // F_GETFL without O_NONBLOCK (blocking_ only)
 };
 
 // PAGEMAP_SCAN on /proc/self/pagemap (Linux >= 6.7), for WP_ASYNC dirty

@@ -20,6 +20,8 @@ namespace {
 PagerConfig fault_path_config(size_t budget_pages, size_t region_pages) {
   PagerConfig c = small_config(budget_pages, region_pages);
   c.prefetch = false;  // every READ a donor sees is a demand fault
+  // The stream logic alone: no zero-fill chunks (pager_zero_chunk_test).
+  c.zero_chunk = 0;
   return c;
 }
 

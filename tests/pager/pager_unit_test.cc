@@ -139,6 +139,28 @@ TEST(PagerConfigTest, FromEnvReadsVariables) {
   EXPECT_NE(bad.status().message().find("FARMEM_PAGER_THREADS"), std::string::npos);
 }
 
+TEST(PagerConfigTest, FromEnvZeroChunkAndBlockingRead) {
+  setenv("FARMEM_ZERO_CHUNK", "16", 1);
+  setenv("FARMEM_BLOCKING_READ", "0", 1);
+  auto c = PagerConfig::from_env(PagerConfig{});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->zero_chunk, 16u);
+  EXPECT_FALSE(c->blocking_read);
+  EXPECT_TRUE(PagerConfig{}.blocking_read);
+  setenv("FARMEM_BLOCKING_READ", "2", 1);
+  auto bad = PagerConfig::from_env(PagerConfig{});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("FARMEM_BLOCKING_READ"), std::string::npos);
+  setenv("FARMEM_BLOCKING_READ", "1", 1);
+  setenv("FARMEM_ZERO_CHUNK", "24", 1);
+  auto bad_chunk = PagerConfig::from_env(PagerConfig{});
+  unsetenv("FARMEM_ZERO_CHUNK");
+  unsetenv("FARMEM_BLOCKING_READ");
+  ASSERT_FALSE(bad_chunk.ok());
+  EXPECT_NE(bad_chunk.status().message().find("power of two"), std::string::npos)
+      << bad_chunk.status().message();
+}
+
 TEST(PrefetcherTest, SequentialStreamPrefetchesAhead) {
   Prefetcher pf(16, 1000);
   uint32_t out[16];
