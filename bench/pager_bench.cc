@@ -39,6 +39,9 @@
 //                          all-local memory: GB/s and ratio = pager/local.
 //   BM_RandomRMW           random 4 KiB read-modify-write (every word of the
 //                          page) over 64 MiB at 25/50/75% budgets: ops/s.
+//   BM_ZipfReplacement     the pager's hit ratio on a zipfian (0.99) trace at
+//                          a 25% budget (loopback), next to FIFO, exact LRU
+//                          and the policy's model on the same trace.
 //
 //   ./build/bench/farmem_bench_pager --benchmark_min_time=1x
 //   build-P/bench/farmem_bench_pager --benchmark_filter=ColdFault --benchmark_repetitions=3
@@ -59,6 +62,7 @@
 
 #include "pager/pager.h"
 #include "pager/remote_map.h"
+#include "pager/replacement_sim.h"
 #include "pager/uffd.h"
 #include "runtime/loopback_transport.h"
 #if defined(FARMEM_BENCH_TCP)
@@ -874,6 +878,61 @@ void BM_RandomRMW(benchmark::State& state) {
   by_backend<RandomRMW>(state);
 }
 
+// The replacement policy on the real pager: a zipfian (theta 0.99) trace of
+// page reads over 64 MiB with a 25% budget, prefetch off, every page
+// written back and dropped first (so the first touch of a page is a remote
+// fault, as in the model). hit_ratio = 1 - remote faults / accesses (a
+// victim-cache fault is a hit: no READ; victim_fault_ratio says how many
+// there were). On the same trace and capacity (the budget in blocks): plain
+// FIFO, exact LRU and the pager's policy as modelled by replacement_sim.h.
+// victim:0 runs the pager with victim_fraction 0 (plain FIFO), victim:1
+// with the default configuration. The real pager's capacity is a little
+// below the model's: the evictor works down to the low watermark.
+void BM_ZipfReplacement(benchmark::State& state) {
+  const bool victims = state.range(0) != 0;
+  constexpr uint32_t kItems = 16384;  // 64 MiB of 4 KiB pages
+  constexpr size_t kAccesses = 300000;
+  const size_t cap = kItems / 4;
+  PagerConfig c;
+  c.region_size = 256ull << 20;
+  c.local_budget = cap * kPage;
+  c.handler_threads = 0;
+  c.prefetch = false;
+  if (!victims) c.victim_fraction = 0;
+  PagerRig<LoopbackEnv> rig;
+  if (!rig.start(state, c)) return;
+  if (!write_and_evict(state, rig, kItems)) return;
+  // Hot items scattered over the region, as a hash table would place them.
+  std::vector<uint32_t> perm(kItems);
+  for (uint32_t i = 0; i < kItems; ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(7));
+  std::vector<uint32_t> trace = zipf_trace(kItems, kAccesses, 0.99, 11);
+  for (uint32_t& t : trace) t = perm[t];
+  auto* mem = reinterpret_cast<volatile char*>(rig.mem());
+  const PagerStats s0 = rig.p->stats();
+  double secs = 0;
+  uint64_t sum = 0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    for (uint32_t b : trace) sum += static_cast<unsigned char>(mem[uint64_t{b} * kPage + 8]);
+    secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  benchmark::DoNotOptimize(sum);
+  const PagerStats s = rig.p->stats();
+  const double n = static_cast<double>(kAccesses);
+  state.counters["hit_ratio"] = 1.0 - static_cast<double>(s.faults_remote - s0.faults_remote) / n;
+  state.counters["victim_fault_ratio"] =
+      static_cast<double>(s.faults_victim - s0.faults_victim) / n;
+  state.counters["accesses_per_s"] = n / secs;
+  state.counters["faults_waited"] = static_cast<double>(s.faults_waited - s0.faults_waited);
+  state.counters["fifo_model"] = simulate_fifo(trace, kItems, cap).hit_ratio();
+  state.counters["lru_model"] = simulate_lru(trace, kItems, cap).hit_ratio();
+  state.counters["pager_model"] =
+      victims ? simulate_victim_adaptive(trace, kItems, cap, 32, 0.25).hit_ratio()
+              : simulate_fifo(trace, kItems, cap).hit_ratio();
+  state.SetLabel(victims ? "victim cache (default)" : "victim_fraction 0 (FIFO)");
+}
+
 BENCHMARK(BM_ColdFault)
     ->ArgName("backend")
     ->Arg(0)
@@ -893,6 +952,12 @@ BENCHMARK(BM_SeqScan)
 BENCHMARK(BM_RandomRMW)
     ->ArgNames({"backend", "budget_pct"})
     ->ArgsProduct({{0, 1}, {25, 50, 75}})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ZipfReplacement)
+    ->ArgName("victim")
+    ->Arg(0)
+    ->Arg(1)
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 
