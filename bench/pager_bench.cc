@@ -31,6 +31,16 @@
 //                          memcpy standing in for the NIC's DMA on loopback)
 //                          and pager_own_us = added_us - that: what the pager
 //                          itself adds to a bare round trip plus one READ.
+//                          64 rounds of 256 (16384 faults of each kind; 40
+//                          rounds before 2026-12). Steadier forms of
+//                          the last two: added_round_med_us and
+//                          pager_own_round_med_us (median over rounds of the
+//                          round's own p50 differences; bare, READ and pager
+//                          faults of a round run back to back, so each
+//                          difference sees one machine state),
+//                          pager_own_round_iqr_us (their spread across the
+//                          rounds of a run), added_iqm_us / pager_own_iqm_us
+//                          (the same differences of interquartile means).
 //   BM_FaultThroughput     random remote read faults/s with 1 and 2
 //                          application threads, working set 4x the budget
 //                          (eviction in the background), default handlers.
@@ -471,6 +481,17 @@ double pct(std::vector<double> v, double q) {
   return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
 }
 
+// Interquartile mean: the mean of the middle half (a trimmed mean that, unlike
+// the median, uses every sample between the quartiles).
+double iqm(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t lo = v.size() / 4, hi = v.size() - v.size() / 4;
+  double sum = 0;
+  for (size_t i = lo; i < hi; ++i) sum += v[i];
+  return sum / static_cast<double>(hi - lo);
+}
+
 // A bare userfaultfd round trip kept running across rounds: one handler
 // thread, read() + UFFDIO_COPY of a resident zero page, nothing else.
 struct BareUffdRig {
@@ -608,7 +629,7 @@ struct ReadProbe {
 template <class Env>
 struct ColdFault {
   static void run(benchmark::State& state) {
-    constexpr size_t kRound = 256, kRounds = 40, kWritten = 16384;
+    constexpr size_t kRound = 256, kRounds = 64, kWritten = 16384;
     PagerConfig c;
     c.region_size = 256ull << 20;
     c.local_budget = 128ull << 20;  // room for every page: nothing evicted while timed
@@ -646,6 +667,10 @@ struct ColdFault {
     for (size_t i = 0; i < lorder.size(); ++i) lorder[i] = static_cast<uint32_t>(i);
     std::shuffle(lorder.begin(), lorder.end(), std::mt19937_64(2));
     std::vector<double> k_us, b_us, p_us, t_us;
+    // Per round: pager p50 - bare p50 - transport p50 of that round's 256
+    // faults each, taken back to back (the same machine state for all
+    // three), and pager p50 - bare p50.
+    std::vector<double> own_r, added_r;
     const PagerStats s0 = rig.p->stats();
     auto* kv = static_cast<volatile char*>(kmem);
     auto* bv = static_cast<volatile char*>(bare.mem);
@@ -666,6 +691,12 @@ struct ColdFault {
           const size_t pg = order[next % kWritten];
           p_us.push_back(time_us([&] { pv[pg * kPage] = 2; }));
         }
+        auto round_p50 = [&](const std::vector<double>& v) {
+          return pct(std::vector<double>(v.end() - kRound, v.end()), 0.5);
+        };
+        const double rb = round_p50(b_us), rp = round_p50(p_us), rt = round_p50(t_us);
+        added_r.push_back(rp - rb);
+        own_r.push_back(rp - rb - rt);
         // Back to remote (untimed) so that a later round faults them again.
         for (size_t i = next - kRound; i < next; ++i) {
           (void)rig.p->evict(mem + size_t{order[i % kWritten]} * kPage, kPage);
@@ -687,6 +718,15 @@ struct ColdFault {
     const double tp50 = pct(t_us, 0.5);
     state.counters["transport_read_p50_us"] = tp50;
     state.counters["pager_own_us"] = pp50 - bp50 - tp50;
+    // Steadier estimates of the same two quantities (pager_own_us is a
+    // difference of ~30 us medians): the median over rounds of each round's
+    // difference, its interquartile range across rounds (the spread within
+    // one run), and the difference of interquartile means.
+    state.counters["added_round_med_us"] = pct(added_r, 0.5);
+    state.counters["pager_own_round_med_us"] = pct(own_r, 0.5);
+    state.counters["pager_own_round_iqr_us"] = pct(own_r, 0.75) - pct(own_r, 0.25);
+    state.counters["added_iqm_us"] = iqm(p_us) - iqm(b_us);
+    state.counters["pager_own_iqm_us"] = iqm(p_us) - iqm(b_us) - iqm(t_us);
     state.counters["remote_faults"] = static_cast<double>(s.faults_remote - s0.faults_remote);
     state.counters["faults"] = static_cast<double>(p_us.size());
     state.SetLabel(Env::kName);

@@ -24,13 +24,17 @@ uint64_t LatencyHistogram::percentile_us(double q) const {
 }
 
 void PagerCounters::record_latency_ns(uint64_t ns) {
-  uint64_t us = ns / 1000;
-  int b = 0;
-  while (us > 0 && b < LatencyHistogram::kBuckets - 1) {
-    us >>= 1;
-    ++b;
+  bump(latency[latency_bucket(ns)]);
+}
+
+void HandlerCounters::add_to(PagerStats* s) const {
+  auto ld = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  s->faults_remote += ld(faults_remote);
+  s->reads += ld(reads);
+  s->bytes_read += ld(bytes_read);
+  for (int i = 0; i < LatencyHistogram::kBuckets; ++i) {
+    s->fetch_latency.counts[static_cast<size_t>(i)] += ld(latency[i]);
   }
-  bump(latency[b]);
 }
 
 void PagerCounters::snapshot(PagerStats* s) const {

@@ -87,4 +87,29 @@ struct alignas(64) PagerCounters {
   void snapshot(PagerStats* out) const;
 };
 
+// The fetch latency histogram's bucket for ns (see LatencyHistogram).
+inline int latency_bucket(uint64_t ns) {
+  const uint64_t us = ns / 1000;
+  const int b = us == 0 ? 0 : 64 - __builtin_clzll(us);
+  return b < LatencyHistogram::kBuckets ? b : LatencyHistogram::kBuckets - 1;
+}
+
+// One handler thread's counters for its demand READs (the cold remote fault
+// path), on lines no other thread writes, bumped by that thread alone with
+// a relaxed load and store (no locked instruction); stats() adds them to
+// the shared counters, so that every total stays exact. Measured in the
+// "Fault-path cost" comment of pager/pager.h.
+struct alignas(64) HandlerCounters {
+  std::atomic<uint64_t> faults_remote{0}, reads{0}, bytes_read{0};
+  std::atomic<uint64_t> latency[LatencyHistogram::kBuckets]{};
+
+  // Only the owning thread calls these.
+  static void bump(std::atomic<uint64_t>& c, uint64_t n = 1) {
+    c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
+  void record_latency_ns(uint64_t ns) { bump(latency[latency_bucket(ns)]); }
+  // Adds these counts to *out (any thread).
+  void add_to(PagerStats* out) const;
+};
+
 }  // namespace farmem
