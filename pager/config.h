@@ -66,7 +66,10 @@ struct PagerConfig {
   uint32_t writeback_batch = 32;
   // Stream / trend prefetch into the victim cache.
   bool prefetch = true;
-  uint32_t prefetch_max_window = 32;  // blocks per fault, at most
+  // Blocks per fault, at most (<= 256); the pager uses
+  // min(this, max(32, budget / 16 blocks)): see "Prefetch windows" in
+  // pager.h.
+  uint32_t prefetch_max_window = 256;
   // Per-handler staging blocks for demand fetches; 0 = auto (256 KiB worth,
   // 2 .. 64 blocks).
   uint32_t staging_blocks = 0;

@@ -18,7 +18,7 @@ constexpr bool kAllowed[kNumPageStates][kNumPageStates] = {
     /* Victim     */ {1, 1, 0, 0, 0, 0, 0, 1, 1, 1},
     /* Fetching   */ {0, 1, 1, 1, 0, 0, 0, 0, 0, 0},
     /* Protecting */ {0, 0, 1, 0, 0, 0, 0, 0, 0, 0},
-    /* Demoting   */ {0, 0, 1, 1, 0, 0, 0, 0, 0, 0},
+    /* Demoting   */ {0, 1, 1, 1, 0, 0, 0, 0, 0, 0},
     /* Promoting  */ {0, 0, 1, 0, 0, 0, 0, 0, 0, 0},
     /* Writing    */ {0, 1, 0, 1, 0, 0, 0, 0, 0, 0},
     /* Discarding */ {1, 0, 0, 0, 0, 0, 0, 0, 0, 0},

@@ -42,7 +42,7 @@
 //   Victim      |   c     c                   |                                   H        E      D
 //   Fetching    |         x      ok    ok(P)  |
 //   Protecting  |                ok           |
-//   Demoting    |                ok    ok     |
+//   Demoting    |         s      ok    ok     |
 //   Promoting   |                ok           |
 //   Writing     |         ok           ok(x)  |
 //   Discarding  |   ok                        |
@@ -53,6 +53,9 @@
 //      victim back                          H  fault on a victim: hit, map it
 //   c  evictor drops a clean victim (Remote when a remote copy exists, else
 //      Empty: a never-written block reads as zeros again)
+//   s  evictor drops a clean block that a confirmed prefetch stream mapped
+//      ahead (kPrefetched on Present) and that has a remote copy, without
+//      passing it through the victim cache (scan resistance, pager.h)
 //   x  failed I/O: a failed prefetch returns to Remote; a failed WRITE keeps
 //      the data in its slot (Victim, still dirty)
 //   D  discard (allocator purge): the block reads as zeros again; a pinned
@@ -112,6 +115,8 @@ class PageTable {
  public:
   static constexpr uint32_t kStateMask = 0xF;
   static constexpr uint32_t kDirty = 1u << 4;
+  // Victim: read ahead into its slot, not faulted on yet. Present: mapped
+  // ahead by a confirmed prefetch stream, not faulted on since.
   static constexpr uint32_t kPrefetched = 1u << 5;
   static constexpr uint32_t kPinned = 1u << 6;  // bits 8-31 hold the pin count
   static constexpr uint32_t kMaxPinCount = kNoSlot;

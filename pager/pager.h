@@ -291,6 +291,66 @@
 // block into victim slots: one READ per run needs contiguous slots (or a
 // registered run buffer per window in flight), not done yet.
 //
+// Where a scan's time went (BM_SeqScan loopback prefetch 1, 16 MiB budget,
+// 64 MiB scanned, ~0.4-0.6 GB/s = 7-10 us per 4 KiB block; perf and a
+// per-page timer in the scanning thread): the app stalled ~1000 times per
+// pass on the markers of 16-block windows (a round trip each) and on the
+// tail of a run still being copied, and the two pager threads used ~10 us
+// of CPU per block between them on 2 cores: the evictor ~6 (the 4 KiB copy
+// into a victim slot ~2, MADV_DONTNEED ~3.3 in runs of ~70), the handler
+// ~4.5 (READ memcpy, copy into the run buffer, UFFDIO_COPY, wake-ups).
+// MADV_DONTNEED alone, one thread, another thread of the mm spinning on
+// the other CPU, pages just written: 32 / 64 / 128 / 256 / 512 pages per
+// call: 213 / 155 / 215 / 315 / 347 us, i.e. 6.7 / 2.4 / 1.7 / 1.2 / 0.7
+// us per page (freeing the pages costs more than the flush).
+// Prefetch windows: a confirmed stream's window grows (doubling per hit) up
+// to min(config.prefetch_max_window, max(32, budget / 16 blocks)), default
+// 256 at a 16 MiB budget and above (was 32): one marker fault and one
+// prefetch_after() per 128+ blocks instead of per 16. Small budgets keep
+// 32. Costs more slots (handlers x window, outside the budget when free)
+// and a larger victim_min_ (one window).
+// Scan resistance: a block a confirmed stream mapped ahead is Present with
+// kPrefetched. Reads of it never fault (whether it was used cannot be
+// seen); a write faults (WP) and makes it dirty. demote_batch() drops such
+// a block that is still clean and has a remote copy straight back to
+// Remote after the run's MADV_DONTNEED: no copy into a victim slot, no
+// victim-cache stay, room freed at once (Demoting -> Remote, page_table.h
+// "s"). What it gives up: a second chance for a block that was read once,
+// mapped ahead, and is read again after it left (a remote fault instead of
+// a victim hit); a scan is exactly that pattern and only churns the victim
+// cache. Counted in evict_ahead_drops() and evictions_clean. While the
+// last batch was mostly such drops, evict_round() demotes up to 256
+// blocks at a time (not 64): MADV_DONTNEED calls per pass 470 -> 120.
+// And a prefetch that finds no room below prefetch_limit_ counts as
+// pressure for the evictor's headroom (prefetch_starved_, as a full budget
+// for a demand fault), so that a scan keeps room for whole windows.
+// Measured (build/bench/farmem_bench_pager --benchmark_filter=
+// 'BM_SeqScan|BM_RandomRMW|BM_FaultThroughput', the tree before and after
+// interleaved, 3 rounds, 2 cores at load average 2.6-3.9 from other
+// builds, so single figures move by 2x; pager GB/s):
+//   BM_SeqScan loopback prefetch 1   0.338 0.326 0.123 -> 0.537 0.779 0.681
+//     (demotions 28.9k -> 0.6k, MADV_DONTNEED calls 448 -> 125)
+//   BM_SeqScan tcp      prefetch 1   0.179 0.352 0.186 -> 0.428 0.611 0.356
+//   BM_SeqScan prefetch 0 (either)   unchanged (0.05-0.17, noise)
+//   BM_RandomRMW, BM_FaultThroughput: the same counts (remote / victim
+//     ratios, dirty evictions, wp and MADV_DONTNEED calls within 2%),
+//     ops/s within the run-to-run noise (e.g. loopback 25%: 4.95k 9.14k
+//     2.33k -> 4.59k 8.84k 5.60k).
+// Steps, loopback prefetch 1, one or two runs each (same load): the clean
+// drops alone moved nothing measurable (0.33-0.46 either way: the
+// evictor's copy was not what the scan waited for); with them, the window
+// alone 32 -> 128 / 256 (prefetch_max_window set in a scratch copy of the
+// bench) 0.40 -> 0.82 / 0.95, the scan's marker faults per pass 960 ->
+// 250-370 / 130-410; demotions of up to 256: 0.52 0.58 -> 0.70 0.35 (the
+// load decides; kept for the 4x fewer calls); a handler poll of 50 us
+// instead of 200 while prefetches wait for room: no change (not kept);
+// runs of up to 64 blocks per UFFDIO_COPY (kRunMax) instead of 32, 3
+// pairs at load 5.7-6.3, loopback 0.28 0.78 0.52 (32) vs 0.44 0.70 0.33
+// (64), tcp 0.28 0.53 0.36 vs 0.26 0.38 0.32 GB/s, copies per 2 passes
+// 1.17k -> 0.70k: no gain seen (not kept).
+// Not done: READs straight into the run buffer (the slot -> run buffer
+// memcpy, ~0.3 us per block), one READ per remotely contiguous run.
+//
 // Threads: config.handler_threads handlers and one evictor; none of them
 // touches the region except the evictor's copy of a block it owns and that
 // is mapped (invariant 3); nothing on the fault path allocates (tested by
@@ -610,6 +670,9 @@ class Pager {
   // UFFDIO_COPYs that mapped two or more prefetched blocks at once
   // (flush_run(); tests, benches).
   uint64_t prefetch_run_copies() const { return prefetch_runs_.load(std::memory_order_relaxed); }
+  // Blocks mapped ahead by a confirmed stream that the evictor dropped
+  // clean without the victim cache (demote_batch(); tests, benches).
+  uint64_t evict_ahead_drops() const { return ahead_drops_.load(std::memory_order_relaxed); }
 
   // State of the block holding addr (tests, debugging).
   PageState state_of(const void* addr) const {
@@ -619,6 +682,10 @@ class Pager {
  private:
   // Most prefetched blocks mapped by one copy (flush_run()).
   static constexpr uint32_t kRunMax = 32;
+  // Most blocks one demote_batch() takes from the active list, and most gap
+  // blocks it adds (fill_gaps()); more than 64 only for a scan's blocks
+  // dropped without the victim cache ("Scan resistance" above).
+  static constexpr size_t kDemotePick = 256, kDemoteFill = 16;
   struct Inflight {
     uint32_t block = 0;
     uint32_t buf = 0;  // staging index (demand) or slot (prefetch)
@@ -723,7 +790,10 @@ class Pager {
   void retry_prefetches(Handler& h);
   // Maps n blocks from b on (owned, Fetching) from src with one UFFDIO_COPY
   // and makes them Present (dirty if write, or if flags_keep has kDirty).
-  void install_mapped(uint32_t b, const void* src, bool write, uint32_t flags_keep, uint32_t n = 1);
+  // ahead: mapped ahead by a confirmed prefetch stream (kPrefetched on
+  // Present: demote_batch() drops it clean without the victim cache).
+  void install_mapped(uint32_t b, const void* src, bool write, uint32_t flags_keep, uint32_t n = 1,
+                      bool ahead = false);
   // Zero-fill fault-around (see "Zero-fill fault-around" above).
   // After the zero fault on b (owned, Fetching): how many blocks next to b
   // to map with it (the stream's window; after b for an ascending stream,
@@ -781,7 +851,9 @@ class Pager {
   void evictor_main();
   size_t evict_round(int64_t floor);
   void adapt_victims();
-  size_t demote_batch(size_t max);
+  // Returns how many blocks left the active list; *dropped (when asked):
+  // how many of them went straight back to Remote (mapped ahead, clean).
+  size_t demote_batch(size_t max, size_t* dropped = nullptr);
   // demote_batch(), list_mu_ held: takes the resident, unpinned blocks of
   // every gap of 1 or 2 between two of blocks[0..n) (Present -> Demoting,
   // off the active list) and appends them (words alongside), up to cap
@@ -814,6 +886,12 @@ class Pager {
   std::atomic<int64_t> headroom_{0};
   // Failed reserve()s: a fault (or prefetch) found the budget full.
   std::atomic<uint64_t> budget_full_{0};
+  // Prefetches that found no room below prefetch_limit_ (post_prefetches());
+  // the evictor's headroom grows on them as on budget_full_.
+  std::atomic<uint64_t> prefetch_starved_{0};
+  // The evictor's last demote_batch() dropped most of its blocks clean
+  // (a scan): the next one may take up to kDemotePick (evict_round()).
+  bool scan_evict_ = false;
   static constexpr uint64_t kPressureNs = 100ull * 1000 * 1000;
   int64_t prefetch_limit_ = 0;
   // Prefetch candidates kept per handler for a retry, and for how long.
@@ -869,6 +947,7 @@ class Pager {
   std::atomic<uint64_t> evict_wp_calls_{0}, evict_dontneed_calls_{0};  // evict_*_calls()
   std::atomic<uint64_t> counters_gap_fill_{0};                         // evict_gap_fills()
   std::atomic<uint64_t> prefetch_runs_{0};                             // prefetch_run_copies()
+  std::atomic<uint64_t> ahead_drops_{0};                               // evict_ahead_drops()
 
   std::mutex list_mu_;
   BlockList active_;  // guarded by list_mu_
@@ -1043,6 +1122,11 @@ Status Pager<B>::init() {
   prefetch_limit_ =
       budget_blocks_ - std::max<int64_t>(4, std::min<int64_t>((budget_blocks_ - high_blocks_) / 2,
                                                               cfg_.writeback_batch / 2));
+  // A scan's window: wide enough that a confirmed stream's fault (one per
+  // window) and its hand-offs are paid over many blocks, narrow enough that
+  // a window is a small share of the budget ("Prefetch windows" above).
+  cfg_.prefetch_max_window = static_cast<uint32_t>(
+      std::min<int64_t>(cfg_.prefetch_max_window, std::max<int64_t>(32, budget_blocks_ / 16)));
   victim_target_ =
       static_cast<uint64_t>(cfg_.victim_fraction * static_cast<double>(budget_blocks_));
   // Start small: a working set that fits (or nearly) never pays for a large
@@ -1657,7 +1741,7 @@ void Pager<B>::run_deferred(Handler& h) {
 
 template <TransportBackend B>
 void Pager<B>::install_mapped(uint32_t b, const void* src, bool write, uint32_t flags_keep,
-                              uint32_t n) {
+                              uint32_t n, bool ahead) {
   int err = 0;
   Errc e = uffd_.copy(block_addr(b), src, uint64_t{n} * block_, /*write_protect=*/!write, &err);
   if (e != Errc::kOk) {
@@ -1671,7 +1755,8 @@ void Pager<B>::install_mapped(uint32_t b, const void* src, bool write, uint32_t 
     std::lock_guard<std::mutex> lk(list_mu_);
     for (uint32_t i = 0; i < n; ++i) active_.push_front(b + i);
   }
-  const uint32_t flags = (write ? PageTable::kDirty : 0) | (flags_keep & PageTable::kDirty);
+  const uint32_t flags = (write ? PageTable::kDirty : 0) | (flags_keep & PageTable::kDirty) |
+                         (ahead ? PageTable::kPrefetched : 0);
   for (uint32_t i = 0; i < n; ++i) {
     pt_.finish(b + i, PageTable::make(PageState::kPresent, flags, 0));
   }
@@ -2210,6 +2295,9 @@ size_t Pager<B>::post_prefetches(Handler& h, const PendingPrefetch* req, size_t 
     // they do not wait for the evictor because of a prefetch.
     if (resident_.load(std::memory_order_relaxed) >= prefetch_limit_) {
       no_room = true;
+      // Pressure, as a full budget for a demand fault: the evictor keeps
+      // more headroom while a scan keeps finding none (evictor_main()).
+      prefetch_starved_.fetch_add(1, std::memory_order_relaxed);
       break;
     }
     const uint32_t c = req[i].block;
@@ -2337,7 +2425,7 @@ void Pager<B>::flush_run(Handler& h) {
   h.run_n = 0;
   const uint32_t first = h.run_first;
   if (n == 1) {
-    install_mapped(first, slot_addr(h.run_slot[0]), h.run_write, 0);
+    install_mapped(first, slot_addr(h.run_slot[0]), h.run_write, 0, 1, /*ahead=*/true);
     free_slot(h.run_slot[0]);
     return;
   }
@@ -2347,7 +2435,7 @@ void Pager<B>::flush_run(Handler& h) {
   for (uint32_t i = 0; i < n; ++i) {
     memcpy(h.run_buf.ptr + uint64_t{i} * block_, slot_addr(h.run_slot[i]), block_);
   }
-  install_mapped(first, h.run_buf.ptr, h.run_write, 0, n);
+  install_mapped(first, h.run_buf.ptr, h.run_write, 0, n, /*ahead=*/true);
   for (uint32_t i = 0; i < n; ++i) free_slot(h.run_slot[i]);
   prefetch_runs_.fetch_add(1, std::memory_order_relaxed);
 }
@@ -2395,7 +2483,7 @@ void Pager<B>::complete(Handler& h, const IoCompletion& c) {
       add_to_run(h, f.block, f.buf, f.write);
       return;
     }
-    install_mapped(f.block, slot_addr(f.buf), f.write, 0);
+    install_mapped(f.block, slot_addr(f.buf), f.write, 0, 1, /*ahead=*/true);
     free_slot(f.buf);
     return;
   }
@@ -2430,7 +2518,8 @@ void Pager<B>::evictor_main() {
   int64_t headroom = min_h;
   uint64_t last_change = pager_detail::now_ns();
   auto adapt_headroom = [&] {
-    const uint64_t waited = budget_full_.load(std::memory_order_relaxed);
+    const uint64_t waited = budget_full_.load(std::memory_order_relaxed) +
+                            prefetch_starved_.load(std::memory_order_relaxed);
     const uint64_t now = pager_detail::now_ns();
     if (waited != ctl_waited0_) {
       ctl_waited0_ = waited;
@@ -2514,28 +2603,40 @@ size_t Pager<B>::evict_round(int64_t floor) {
   const uint64_t target = victim_cur_.load(std::memory_order_relaxed);
   // Keep the victim cache at its target plus what this round drops, so that
   // every block spends a while there before it leaves.
-  size_t progress = 0;
+  size_t progress = 0, dropped = 0;
   for (;;) {
     uint64_t nv;
     {
       std::lock_guard<std::mutex> lk(list_mu_);
       nv = victim_.size();
     }
-    if (nv >= target + want) break;
+    // Blocks dropped straight from the active list (mapped ahead, clean)
+    // freed their room already: only the rest of `want` goes through the
+    // victim cache.
+    if (dropped >= want || nv + dropped >= target + want) break;
     // At least min(64, budget / 16) blocks at a time: a scan's demotions
     // are then runs past the kernel's full-flush ceiling (33 pages: 34+
     // adjacent blocks cost the flush of one), while a small budget keeps
     // most of itself mapped.
-    const size_t run = static_cast<size_t>(std::clamp<int64_t>(budget_blocks_ / 16, 1, 64));
-    size_t d = demote_batch(std::max<size_t>(static_cast<size_t>(target + want - nv), run));
+    // A scan whose blocks leave without the victim cache (the last batch
+    // was mostly dropped clean) goes up to 256 at a time: MADV_DONTNEED
+    // costs 2.4 us per page in runs of 64 and 1.2 in runs of 256 here.
+    const size_t run = static_cast<size_t>(
+        std::clamp<int64_t>(budget_blocks_ / 16, 1, scan_evict_ ? int64_t{kDemotePick} : 64));
+    size_t dr = 0;
+    size_t d =
+        demote_batch(std::max<size_t>(static_cast<size_t>(target + want - nv - dropped), run), &dr);
     if (d == 0) break;
+    scan_evict_ = 2 * dr > d;
     progress += d;
+    dropped += dr;
   }
-  return progress + drop_victims(want);
+  return progress + drop_victims(want > dropped ? want - dropped : 0);
 }
 
 template <TransportBackend B>
-size_t Pager<B>::demote_batch(size_t max) {
+size_t Pager<B>::demote_batch(size_t max, size_t* dropped) {
+  if (dropped) *dropped = 0;
   // Up to kMaxPick blocks from the tail of the active list, plus up to
   // kMaxFill "gap" blocks: resident blocks of one or two that separate two
   // picked ones (a prefetch marker mapped later than its window, a block
@@ -2543,9 +2644,10 @@ size_t Pager<B>::demote_batch(size_t max) {
   // demotions stay runs longer than the kernel's full-flush ceiling (33
   // pages; see "Eviction batching" above). Not with WP_ASYNC
   // (demote_async() takes at most 64 blocks).
-  constexpr size_t kMaxPick = 64, kMaxFill = 16, kMaxBatch = kMaxPick + kMaxFill;
+  constexpr size_t kMaxPick = kDemotePick, kMaxFill = kDemoteFill, kMaxBatch = kMaxPick + kMaxFill;
   uint32_t blocks[kMaxBatch], slots[kMaxBatch], words[kMaxBatch];
   if (max > kMaxPick) max = kMaxPick;
+  if (use_wp_async_ && max > 64) max = 64;  // demote_async()'s most
   const size_t fill_max = use_wp_async_ ? 0 : kMaxFill;
   size_t ns = 0;
   bool empty[kMaxBatch];
@@ -2598,11 +2700,24 @@ size_t Pager<B>::demote_batch(size_t max) {
     counters_.bump(counters_.demotions, moved_n);
     return moved_n;
   }
+  // Blocks a confirmed stream mapped ahead (kPrefetched), still clean and
+  // with a remote copy, leave without the victim cache: no copy, no slot,
+  // straight back to Remote after the MADV_DONTNEED below ("Scan
+  // resistance" above). A write since would have made them dirty (they
+  // were mapped write-protected), and one racing this demotion faults and
+  // waits for it (Demoting) as for any other block.
+  bool drop[kMaxBatch] = {};
+  size_t n_drop = 0;
+  for (size_t i = 0; i < n; ++i) {
+    drop[i] = (words[i] & (PageTable::kPrefetched | PageTable::kDirty)) == PageTable::kPrefetched &&
+              pt_.meta(blocks[i]).remote != 0;
+    n_drop += drop[i] ? 1 : 0;
+  }
   // Moved blocks are done: the move took the page out of the region
   // atomically. The rest (or all, without UFFDIO_MOVE) are copied.
   bool moved[kMaxBatch] = {};
   for (size_t i = 0; use_move_ && i < n; ++i) {
-    moved[i] = empty[i] && move_out(blocks[i], slots[i]);
+    moved[i] = !drop[i] && empty[i] && move_out(blocks[i], slots[i]);
   }
   // Writes from now on fault and wait for this demotion (invariant 4).
   // Clean blocks are write-protected already; the dirty ones are
@@ -2634,9 +2749,10 @@ size_t Pager<B>::demote_batch(size_t max) {
   uint32_t sorted[kMaxBatch];
   for (size_t i = 0; i < n; ++i) {
     if (moved[i]) continue;
+    sorted[nc++] = blocks[i];
+    if (drop[i]) continue;
     pager_detail::copy_from_region(slot_addr(slots[i]), block_addr(blocks[i]), block_);
     words[i] = clean_if_zero(blocks[i], slots[i], words[i]);
-    sorted[nc++] = blocks[i];
   }
   // One MADV_DONTNEED per run of adjacent blocks: each call is a TLB
   // shoot-down, and a scan demotes long runs.
@@ -2654,13 +2770,26 @@ size_t Pager<B>::demote_batch(size_t max) {
   }
   {
     std::lock_guard<std::mutex> lk(list_mu_);
-    for (size_t i = 0; i < n; ++i) victim_.push_front(blocks[i]);  // oldest nearest the tail
+    for (size_t i = 0; i < n; ++i) {
+      if (!drop[i]) victim_.push_front(blocks[i]);  // oldest nearest the tail
+    }
   }
   for (size_t i = 0; i < n; ++i) {
+    if (drop[i]) {
+      free_slot(slots[i], empty[i]);
+      pt_.finish(blocks[i], PageTable::make(PageState::kRemote, 0, 0));
+      continue;
+    }
     pt_.finish(blocks[i],
                PageTable::make(PageState::kVictim, words[i] & PageTable::kDirty, slots[i]));
   }
-  counters_.bump(counters_.demotions, n);
+  if (n_drop > 0) {
+    unreserve(static_cast<int64_t>(n_drop));
+    counters_.bump(counters_.evictions_clean, n_drop);
+    ahead_drops_.fetch_add(n_drop, std::memory_order_relaxed);
+  }
+  counters_.bump(counters_.demotions, n - n_drop);
+  if (dropped) *dropped = n_drop;
   return n;
 }
 
@@ -2668,8 +2797,8 @@ template <TransportBackend B>
 size_t Pager<B>::fill_gaps(uint32_t* blocks, uint32_t* words, size_t n, size_t cap) {
   // The picked blocks keep their order (oldest first: the victim list's
   // order); gap blocks are appended.
-  uint32_t sorted[80];
-  FARMEM_BUG_ON(cap > 80 || n > cap);
+  uint32_t sorted[kDemotePick + kDemoteFill];
+  FARMEM_BUG_ON(cap > kDemotePick + kDemoteFill || n > cap);
   std::copy(blocks, blocks + n, sorted);
   std::sort(sorted, sorted + n);
   size_t out = n;

@@ -115,5 +115,70 @@ TEST(PagerEvictBatch, PrefetchedRunsAreMappedByOneCopyByteExact) {
   EXPECT_LE(s.resident_peak_bytes, p.budget_bytes() + P::kSlackBytes);
 }
 
+// Scan resistance: blocks a confirmed stream mapped ahead and that are
+// still clean leave without the victim cache (no copy, no slot, no I/O);
+// a clean scan writes nothing back, and the bytes stay exact.
+TEST(PagerEvictBatch, CleanScanDropsMappedAheadBlocksWithoutVictimCacheByteExact) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  constexpr size_t kBudget = 1024, kPages = 4096;
+  LoopbackRig rig;
+  PagerConfig c = small_config(kBudget, 2 * kPages);
+  c.prefetch = true;
+  P& p = rig.start(c);
+  // The window a confirmed stream may reach: budget / 16 blocks here.
+  EXPECT_EQ(p.config().prefetch_max_window, kBudget / 16);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  for (size_t pg = 0; pg < kPages; ++pg) fill_page(mem + pg * kPage, pg, 0);
+  ASSERT_TRUE(p.evict(mem, kPages * kPage).ok());  // written back: all clean now
+  const PagerStats s0 = p.stats();
+  const uint64_t drops0 = p.evict_ahead_drops();
+  ResidentSampler sampler([&] { return p.resident_bytes(); }, mem, kPages * kPage);
+  // Two read passes over four budgets.
+  EXPECT_EQ(first_bad_page(mem, kPages, 0), kPages);
+  EXPECT_EQ(first_bad_page(mem, kPages, 0), kPages);
+  sampler.stop();
+  const PagerStats s = p.stats();
+  // Nothing was written, so nothing is written back.
+  EXPECT_EQ(s.writes - s0.writes, 0u) << s.to_string();
+  EXPECT_EQ(s.evictions_dirty - s0.evictions_dirty, 0u) << s.to_string();
+  if (copy_path(p)) {
+    // At least 2 * (kPages - kBudget) blocks left; most of them were mapped
+    // ahead and dropped straight from the active list.
+    const uint64_t drops = p.evict_ahead_drops() - drops0;
+    EXPECT_GT(drops, kPages) << s.to_string();
+    EXPECT_LE(drops, s.evictions_clean - s0.evictions_clean) << s.to_string();
+    EXPECT_LT(s.demotions - s0.demotions, drops) << s.to_string();
+  }
+  EXPECT_GT(sampler.samples(), 0u);
+  EXPECT_LE(sampler.max_counter(), p.budget_bytes() + P::kSlackBytes);
+  EXPECT_LE(s.resident_peak_bytes, p.budget_bytes() + P::kSlackBytes);
+}
+
+// A block mapped ahead by a read stream and then written is dirty: it goes
+// through the victim cache and is written back, never dropped clean.
+TEST(PagerEvictBatch, MappedAheadBlockWrittenLaterIsWrittenBackByteExact) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  constexpr size_t kBudget = 1024, kPages = 4096, kTail = 256;
+  LoopbackRig rig;
+  PagerConfig c = small_config(kBudget, 2 * kPages);
+  c.prefetch = true;
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  for (size_t pg = 0; pg < kPages; ++pg) fill_page(mem + pg * kPage, pg, 0);
+  ASSERT_TRUE(p.evict(mem, kPages * kPage).ok());
+  // A read pass maps the tail ahead (write-protected, clean) ...
+  EXPECT_EQ(first_bad_page(mem, kPages, 0), kPages);
+  const PagerStats s0 = p.stats();
+  // ... then it is written (a new version) and pushed out by two more
+  // read passes over the rest.
+  for (size_t pg = kPages - kTail; pg < kPages; ++pg) fill_page(mem + pg * kPage, pg, 1);
+  EXPECT_EQ(first_bad_page(mem, kPages - kTail, 0), kPages - kTail);
+  EXPECT_EQ(first_bad_page(mem, kPages - kTail, 0), kPages - kTail);
+  const PagerStats s = p.stats();
+  EXPECT_GT(s.evictions_dirty - s0.evictions_dirty, 0u) << s.to_string();
+  EXPECT_EQ(first_bad_page(mem, kPages, 1, kPages - kTail), kPages);
+  EXPECT_EQ(first_bad_page(mem, kPages - kTail, 0), kPages - kTail);
+}
+
 }  // namespace
 }  // namespace farmem::testing
