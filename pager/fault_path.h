@@ -1,0 +1,666 @@
+// Pager<B>'s fault path: the handler threads (handler_main(), the uffd
+// read, dispatch, deferral of faults that must wait), handle_fault() for
+// every kind of block, the demand READ and its completion (complete(),
+// retry_read() failover, lost_page()), the install into the region
+// (install_mapped(): one UFFDIO_COPY, WP or writable), the budget
+// reservation a fault takes (reserve()), and the doorbell that wakes
+// handlers blocked in read(). Zero fills are in zero_fill.h, prefetch in
+// prefetch_path.h, the victim cache's moves in victim_move.h. Part of
+// Pager<B> (pager/pager_core.h); include pager/pager.h.
+//
+// How a fault is served (one hand-off: kernel -> handler thread):
+//   * never-written block (Empty): UFFDIO_COPY from a zero block, no I/O;
+//     installed write-protected for a read fault, writable + dirty for a
+//     write fault (one fault per read-modify-write);
+//   * remote block: READ into the handler's registered staging buffer on the
+//     handler's own transport queue, then UFFDIO_COPY (WP or writable as
+//     above); concurrent faults on the block are parked in the kernel and
+//     woken by that one copy;
+//   * write to a clean (write-protected) block: WP fault -> dirty, unprotect
+//     (with WP_ASYNC, below: no fault at all, the kernel lets it through);
+//   * victim-cache block (evicted but still local): UFFDIO_COPY from its slot
+//     (writable + dirty for a write fault, as above; a dirty block comes
+//     back writable whatever the fault: it is written back anyway).
+//
+// Fault-path cost (cold remote fault, loopback, 4 KiB, one handler). rdtsc
+// marks along the whole path, pager and bench/pager_bench.cc's BareUffdRig
+// alike, in the same BM_ColdFault runs (scratch copies of this file, the
+// loopback transport and the bench; medians of 6 runs x 10240 faults; 2
+// cores at load average 6-9, Linux 6.18 in a Firecracker guest where a null
+// syscall costs 1.1 us (PTI) and waking a sleeping thread 8-12 us):
+//                                               pager      bare
+//   app fault -> handler back from ppoll/poll   11.5-12.2  11.4-11.9 us
+//   read() of the uffd_msg                      1.5        1.6
+//   dispatch + page-table word (a cache miss)
+//     + reserve() + Fetching CAS + t0 clock     0.41-0.43  -
+//   resolve_read (RCU section)                  0.16
+//   post()                                      0.03 (0.06 before the lookup cache)
+//   back to the loop, reap, poll, execute       0.09-0.12
+//   memcpy of 4 KiB of cold donor memory        0.69-0.70  -
+//   completion -> install_mapped()              0.06
+//   => handler wake -> UFFDIO_COPY              3.0-3.2    1.6-1.7
+//   UFFDIO_COPY (wakes the app)                 bimodal: 2.5-4 us when the app
+//     runs on the handler's CPU (95+% of faults under load), 8-12 us across
+//     CPUs (idle machine); pager +0.2-0.3 us over bare at equal placement,
+//     not from the source buffer (copying from the zero block instead of
+//     the staging buffer changes nothing).
+//   after the copy: list lock + push + finish 0.06-0.08, counters +
+//     histogram 0.09-0.12, rest of the loop turn 0.07-0.11: 0.25-0.33 us,
+//     on the critical path when the woken thread shares the handler's CPU.
+// So the pager's own CPU before the copy is ~0.75 us and the transport's
+// memcpy ~0.7 us; end to end (BM_ColdFault added_us) that is 1.3-2.0 us,
+// run to run. Tried and measured:
+//   * post() validates against a per-queue cache instead of locking the
+//     transport's tables (a shared_mutex line all queues bounced) and
+//     hashing: 0.06 -> 0.03 us; poll() completes a single untimed op
+//     without the ready-list pass (not measurable); fork_seq's end of
+//     section is a plain store (only the handler writes it). Kept.
+//   * __builtin_prefetch of the 64 donor lines at post(): post() 0.03 ->
+//     0.55-0.64 us, memcpy 0.65 -> 0.14-0.16 us: the stall only moves,
+//     nothing independent runs in between. Not kept.
+//   * Zero copy, UFFDIO_COPY straight from the loopback donor's memory
+//     (no staging memcpy, no post/poll): the ioctl then took 25-34 us
+//     instead of 3-9 (cause not looked into; the donor's memory is a
+//     1 GiB anonymous mapping), +8-15 us per fault. Not kept.
+//   * An idle handler waiting on the uffd alone with a 10 ms timeout (as
+//     the bare rig does) instead of ppoll on uffd + stop eventfd: -0.1 us
+//     on the wake-up in one pair of runs, but in A/B runs bare and pager
+//     p50 both moved 23 -> 30 us (the periodic timer changed where the
+//     scheduler put the threads). Not kept.
+//   * An idle handler blocks in read() of the uffd instead of ppoll() +
+//     read() (see "Idle handlers block in read()" above handler_main()):
+//     one syscall less per fault. BM_ColdFault loopback, HEAD and the
+//     change interleaved (scratch copies first, then this file; 10 pairs
+//     of runs, load average 3.1-5.2): added_us median 1.06-2.35 (mostly
+//     1.13-1.61) -> -0.13 .. -0.67 us, mean likewise; pager_p50 itself
+//     fell by ~1.3-1.6 us at equal bare_p50. Kept. Negative only because
+//     the bare rig then still did poll() + read(); it now blocks in read()
+//     too (bench/pager_bench.cc BareUffdRig: the fair comparison). Idle
+//     (load 0.1-0.9), same binary, bare rig polling / blocking alternated,
+//     3 pairs: added_us median -0.19 / 0.15 / -10 (polling bare) against
+//     1.89 / 1.83 / 1.68 (blocking bare). So the bare round trip gains
+//     even more from one syscall less than the pager did, and the pager
+//     still adds ~1.7-1.9 us: the 4 KiB memcpy (~0.7-0.9, the stand-in
+//     for the NIC's DMA, transport_read_p50) and ~0.9-1.1 us of its own.
+//     "< 1 us over bare" is NOT met against the blocking bare rig.
+// BM_ColdFault (build/bench/farmem_bench_pager --benchmark_filter=
+// 'BM_ColdFault/backend:0' --benchmark_repetitions=3
+// --benchmark_report_aggregates_only=true; mean / median of 3):
+//   before (16:56, load 3.9): added 1.65 / 1.72 us, bare 26.8 / 24.6,
+//     pager 28.4 / 26.3, transport_read_p50 0.82;
+//   after, interleaved with the tree without these changes, load 4.6-9:
+//     added 1.44 / 1.35 at load 4.6; the other runs, both binaries alike,
+//     moved by -28 .. +9 us as bare and pager fell into different wake-up
+//     regimes (other builds running): no end-to-end figure at this load
+//     resolves the ~0.05 us kept. added_us is NOT below 1 us.
+// 2026-12-01 (loopback, the same bench with 64 rounds and the round-paired
+// counters; binaries of the tree before / after each change run
+// alternately, 12 pairs at load 0.7-5.9; medians, sd in brackets):
+//   * Noise first: pager_own_us (difference of pooled ~30 us medians) has
+//     sd 0.17 us run to run; pager_own_round_med_us (median over rounds of
+//     each round's own difference) sd 0.09: the steadier figure.
+//   * Demand READ counters per handler (HandlerCounters in stats.h:
+//     faults_remote, reads, bytes_read and the fetch histogram, bumped by a
+//     relaxed load + store on the handler's own lines, summed by stats()),
+//     instead of 4 locked adds on lines evict() and the evictor also write;
+//     histogram bucket by clz instead of a loop. pager_own_round_med_us
+//     0.575 (0.086) -> 0.506 (0.133), pager_own_us 0.576 (0.17) -> 0.521
+//     (0.31), added_us 1.39 -> 1.34; means unchanged (0.55 / 0.55): within
+//     the noise; kept, as it takes locked instructions off the path and
+//     cannot cost any. transport_read_p50 0.83 in both.
+//   * Handler thread CPU time per fault (its thread clock over its rounds)
+//     as a placement-free measure: 6-8 us in some runs and 15-16 us in
+//     others, the bare and the pager handler alike (the wake-ups' cost in
+//     this guest), difference -0.8 .. +1.9 us: noisier than wall time, not
+//     kept in the bench.
+//   pager_own_us is ~0.5 us with this: <= 0.5 is NOT clearly met.
+// Earlier, load 8-9, same bench: tcp pager 59.2 / 61.6 us (the 127.0.0.1
+// round trip to the donor), pager/bare 2.15 / 2.05.
+//
+// Several donors and replicas (FARMEM_REPLICAS; the map is in
+// remote_map.h, placement in placement.h, re-replication in replicator.h):
+//   * READ (demand fault, prefetch, hint): one readable replica on a live
+//     donor, the one with the fewest READs outstanding
+//     (RemoteMap::resolve_read; read_done() when it completed). A READ that completes (or is
+//     refused) kUnavailable / kNotFound marks that donor failed and is
+//     posted again on the next live replica (retry_read); only when none is
+//     left does lost_page() stop the process (invariant 6), naming every
+//     replica's donor, slab and offset. A failed prefetch marks the donor
+//     and is forgotten.
+//   * WRITE-back: one WRITE per replica on a live donor (begin_write), all
+//     from the block's victim slot; the block stays there, dirty, in
+//     Writing, until the last of them completed (wb_left_ per slot), and is
+//     dropped only when every replica still live stored it (invariant 1
+//     over replicas). A replica whose donor turns out dead is dropped from
+//     that count (its donor is marked failed, the replicator rebuilds the
+//     copy); any other error keeps the block for a retry on every replica;
+//     no live replica at all is fatal. end_write() closes the extent's
+//     seqlock-like write window that re-replication copies against.
+//   * With one replica over one donor the data path is what it was: one
+//     READ or WRITE per block, an RCU read-side section (urcu-bp: a
+//     compiler barrier) per address lookup, no lock, no allocation.
+#pragma once
+
+#include "pager/pager_core.h"
+
+namespace farmem {
+
+template <TransportBackend B>
+bool Pager<B>::reserve() {
+  int64_t cur = resident_.load(std::memory_order_relaxed);
+  while (cur < budget_blocks_) {
+    if (resident_.compare_exchange_weak(cur, cur + 1, std::memory_order_relaxed)) {
+      int64_t pk = peak_.load(std::memory_order_relaxed);
+      while (cur + 1 > pk && !peak_.compare_exchange_weak(pk, cur + 1)) {
+      }
+      if (cur + 1 > high_blocks_) kick_evictor();
+      return true;
+    }
+  }
+  // The budget is full: the evictor's pressure signal (evictor_main()).
+  budget_full_.fetch_add(1, std::memory_order_relaxed);
+  kick_evictor();
+  return false;
+}
+
+template <TransportBackend B>
+void Pager<B>::lost_page(uint32_t b, Errc e) {
+  // Invariant 6. Names the first replica's donor and then every replica
+  // (donor, slab, offset, state); no allocation (this may run on a handler).
+  const BlockMeta& m = pt_.meta(b);
+  const char* donor = "unknown donor";
+  char replicas[512] = "none";
+  if (m.remote != 0) {
+    donor = remote_->server_name(remote_->resolve(m.remote - 1).server);
+    remote_->describe_replicas(m.remote - 1, replicas, sizeof replicas);
+  }
+  fatal(
+      "far memory lost: the page at %p (block %u of %u bytes in the region at %p) could not "
+      "be read from donor %s (%s) and no replica holds it (replicas: %s); its contents are "
+      "gone, so the process stops rather than read zeros",
+      static_cast<void*>(block_addr(b)), b, block_, static_cast<void*>(region_.ptr), donor,
+      errc_name(e), replicas);
+}
+
+template <TransportBackend B>
+bool Pager<B>::retry_read(Handler& h, const Inflight& f, Errc why) {
+  if (why != Errc::kUnavailable && why != Errc::kNotFound) return false;
+  remote_->mark_failed(f.server);
+  const uint32_t unit = pt_.meta(f.block).remote - 1;
+  RemoteAddr from;
+  while (remote_->resolve_read(unit, &from)) {
+    // The completion being handled freed an inflight entry and a queue slot.
+    const uint32_t k = h.free_inflight.back();
+    h.free_inflight.pop_back();
+    Inflight g = f;
+    g.server = from.server;
+    h.inflight[k] = g;
+    void* dst = f.prefetch ? static_cast<void*>(slot_addr(f.buf))
+                           : static_cast<void*>(h.staging.ptr + uint64_t{f.buf} * block_);
+    IoOp op{IoKind::kRead, block_, from, dst, k};
+    Errc pe = h.q->post({&op, 1});
+    if (pe == Errc::kOk) {
+      remote_->count_failover();
+      counters_.bump(counters_.reads);
+      return true;
+    }
+    remote_->read_done(from.server);  // not posted
+    h.free_inflight.push_back(k);
+    if (pe != Errc::kUnavailable) return false;
+    remote_->mark_failed(from.server);
+  }
+  return false;
+}
+
+// Idle handlers block in read() (config.blocking_read). A handler with
+// nothing to come back for (no I/O in flight, nothing pending or deferred)
+// waits in read() of the uffd itself: one syscall per fault instead of
+// ppoll() + read() (1.1 us each here; measured in "Fault-path cost").
+//   * Needs Linux >= 6.10: the uffd is made blocking, and a busy handler
+//     (timed waits) reads with preadv2(RWF_NOWAIT), which never blocks when
+//     another handler took the message. Probed once in init() (an empty
+//     read must say EAGAIN); otherwise the uffd stays non-blocking and
+//     every handler ppoll()s as before (uses_blocking_read(), a debug line).
+//   * poll() of a blocking uffd only says POLLERR, so while any handler
+//     polls (busy, a fork prepared, a ring on) the uffd is switched back to
+//     non-blocking (set_poller(): a count under mode_mu_, one fcntl() at
+//     0 <-> 1); an idle handler seeing a poller polls too. A read() already
+//     blocked stays blocked whatever the flag becomes.
+//   * Stop: a blocked read() sees no eventfd and signals are not ours to
+//     use, so ~Pager rings the doorbell (ring_doorbell()): the fm-doorbell
+//     thread faults on a page registered outside the region; a handler
+//     reading that fault wakes it unresolved (UFFDIO_WAKE), goes back to
+//     the top of its loop and returns (stop_); the fault comes again and
+//     reaches the next blocked handler; when all returned the ringer maps
+//     the page (the toucher goes) and drops it (the next ring faults again).
+//   * Fork (invariant 8): the dispatch section opens BEFORE the blocking
+//     read, as before the read after ppoll(), so an event read is handed
+//     to fork_ inside a section and fork_parent()'s argument is unchanged.
+//     The section opens (seq_cst increment of fork_seq), then fork_frozen_
+//     is loaded (seq_cst); prepare_fork() stores fork_frozen_ (seq_cst),
+//     then reads fork_seq (seq_cst). In the single total order either the
+//     handler's load comes after the store (it sees the flag and polls
+//     instead: no blocking read while frozen) or prepare_fork()'s read of
+//     fork_seq comes after the increment (it sees the section open and,
+//     wait_dispatch_sections(ring), rings until it ended). So once
+//     prepare_fork()'s wait is over, no handler is or will be blocked in
+//     read() until fork_parent() clears the flag, the handlers poll the
+//     (non-blocking) uffd as before and read the UFFD_EVENT_FORK in a
+//     section, and fork_parent() waits without ringing.
+//   * A ring makes progress: while it is on, handlers that poll leave the
+//     uffd out of ppoll() (100 us timeout) and none starts a blocking read,
+//     so the doorbell fault reaches a handler blocked in read() (or one
+//     that polled the uffd before it saw the ring, once), and the reader
+//     always wakes it, so that it comes again while the ringer's condition
+//     does not hold.
+template <TransportBackend B>
+void Pager<B>::handler_main(Handler& h) {
+  pthread_setname_np(pthread_self(), "fm-fault");
+  uffd_msg msgs[64];
+  IoCompletion comps[64];
+  pollfd fds[2] = {{uffd_.fd(), POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+  uint32_t seq = h.fork_seq.load(std::memory_order_relaxed);
+  for (;;) {
+    if (stop_.load(std::memory_order_acquire)) {
+      while (h.q->outstanding() > 0) reap(h, 10);
+      h.exited.store(true, std::memory_order_release);
+      return;
+    }
+    timespec ts{0, 0};
+    timespec* tp = nullptr;
+    if (h.q->outstanding() > 0) {
+      ts.tv_nsec = 20 * 1000;  // prefetches in flight: come back for them soon
+      tp = &ts;
+    } else if (!h.pending.empty()) {
+      // Prefetches waiting for room (retry_prefetches()); the evictor makes
+      // it in batches, and polling faster costs the CPU it needs.
+      ts.tv_nsec = 200 * 1000;
+      tp = &ts;
+    } else if (!h.deferred.empty()) {
+      ts.tv_nsec = 200 * 1000;  // waiting for another thread's I/O or for budget
+      tp = &ts;
+    }
+    // Dispatch section (see prepare_fork()): while a fork is being prepared
+    // or runs, faults are parked and no ioctl is started, and the uffd is
+    // still read so that the kernel's UFFD_EVENT_FORK is. Odd inside; only
+    // this thread writes fork_seq. It opens before the uffd is read, so that
+    // an event read is handed to fork_ inside it.
+    ssize_t got = -1;  // bytes read from the uffd this turn
+    bool open = false;
+    const bool quiet = !fork_frozen_.load(std::memory_order_relaxed) &&
+                       !ring_active_.load(std::memory_order_relaxed);
+    if (blocking_read_) set_poller(h, tp != nullptr || !quiet);
+    // Another handler polls: the uffd is non-blocking, poll it too (a
+    // blocking read() would return at once). Its ppoll() returns POLLERR
+    // once that one made the uffd blocking again: one turn more, then read().
+    if (tp == nullptr && quiet && blocking_read_ &&
+        pollers_hint_.load(std::memory_order_acquire) == 0) {
+      // Idle: the section opens, then the read waits in it (one syscall per
+      // fault). Not while a fork is prepared or a ring is on: the section
+      // would then only end at the next fault. The seq_cst increment and
+      // load pair with prepare_fork()'s store and its read of fork_seq:
+      // either this load sees the fork flag, or prepare_fork() sees the
+      // section open and rings the doorbell until it has ended.
+      h.fork_seq.fetch_add(1, std::memory_order_seq_cst);
+      ++seq;
+      open = true;
+      if (!fork_frozen_.load(std::memory_order_seq_cst) &&
+          !ring_active_.load(std::memory_order_seq_cst)) {
+        got = read(uffd_.fd(), msgs, sizeof msgs);
+      } else {
+        h.fork_seq.store(++seq, std::memory_order_release);
+        open = false;
+      }
+    }
+    if (!open) {
+      // While a ring is on, leave the uffd to the handlers blocked in read():
+      // each doorbell fault then reaches one of them (see ring_doorbell()).
+      const bool ring = blocking_read_ && ring_active_.load(std::memory_order_acquire);
+      if (ring && tp == nullptr) {
+        ts.tv_nsec = 100 * 1000;  // back to the uffd soon after the ring
+        tp = &ts;
+      }
+      fds[0].fd = ring ? -1 : uffd_.fd();
+      const int r = ppoll(fds, 2, tp, nullptr);
+      h.fork_seq.fetch_add(1, std::memory_order_seq_cst);
+      ++seq;
+      // Never blocks: another handler may have taken the message.
+      if (r > 0 && (fds[0].revents & POLLIN)) got = uffd_.read_nowait(msgs, sizeof msgs);
+    }
+    const bool frozen = fork_frozen_.load(std::memory_order_seq_cst);
+    if (got > 0) {
+      size_t cnt = static_cast<size_t>(got) / sizeof(uffd_msg);
+      for (size_t i = 0; i < cnt; ++i) {
+        if (msgs[i].event == UFFD_EVENT_FORK) {
+          fork_.on_fork_event(static_cast<int>(msgs[i].arg.fork.ufd));
+          continue;
+        }
+        if (msgs[i].event != UFFD_EVENT_PAGEFAULT) continue;
+        uint64_t addr = msgs[i].arg.pagefault.address;
+        uint64_t flags = msgs[i].arg.pagefault.flags;
+        if (blocking_read_ && addr - doorbell_addr_ < kDoorbellBytes) {
+          // Rung (ring_doorbell()): wake it unresolved, so that it faults
+          // again and reaches the next handler; this one's section ends.
+          (void)uffd_.wake(doorbell_.ptr, kDoorbellBytes);
+          continue;
+        }
+        if (frozen || handle_fault(h, addr, flags) == Outcome::kDefer) defer(h, addr, flags);
+      }
+    }
+    // Frozen: I/O in flight still completes (prepare_fork waits for it).
+    if (!frozen && !h.deferred.empty()) run_deferred(h);
+    // A demand fetch holds an application thread: wait for it here (other
+    // handler threads take new faults meanwhile).
+    while (h.demand_outstanding > 0) reap(h, 10);
+    if (h.q->outstanding() > 0) {
+      size_t n = h.q->poll(comps);
+      for (size_t i = 0; i < n; ++i) complete(h, comps[i]);
+    }
+    flush_run(h);  // prefetched blocks gathered by complete()
+    if (!frozen && !h.pending.empty()) retry_prefetches(h);
+    // Faults parked on blocks this thread just installed can go now,
+    // without waiting for the next poll timeout.
+    if (!frozen && !h.deferred.empty()) run_deferred(h);
+    // The section ends: a plain store (no locked instruction) suffices, as
+    // only this thread writes fork_seq.
+    h.fork_seq.store(++seq, std::memory_order_release);
+  }
+}
+
+template <TransportBackend B>
+void Pager<B>::reap(Handler& h, int timeout_ms) {
+  IoCompletion comps[64];
+  size_t n = h.q->wait(comps, timeout_ms);
+  for (size_t i = 0; i < n; ++i) complete(h, comps[i]);
+  flush_run(h);  // prefetched blocks gathered by complete()
+}
+
+template <TransportBackend B>
+void Pager<B>::defer(Handler& h, uint64_t addr, uint64_t flags) {
+  counters_.bump(counters_.faults_waited);
+  uint64_t page = addr & ~uint64_t{4095};
+  for (Deferred& d : h.deferred) {
+    if ((d.addr & ~uint64_t{4095}) == page) {
+      d.flags |= flags;
+      return;
+    }
+  }
+  // Each entry is a blocked application thread; 4096 of them parked on one
+  // handler at once would be a bug.
+  FARMEM_BUG_ON(h.deferred.size() == h.deferred.capacity());
+  h.deferred.push_back({addr, flags});
+}
+
+template <TransportBackend B>
+void Pager<B>::run_deferred(Handler& h) {
+  size_t keep = 0;
+  for (size_t i = 0; i < h.deferred.size(); ++i) {
+    Deferred d = h.deferred[i];
+    if (handle_fault(h, d.addr, d.flags) == Outcome::kDefer) h.deferred[keep++] = d;
+  }
+  h.deferred.resize(keep);  // shrinking: no allocation
+}
+
+template <TransportBackend B>
+void Pager<B>::install_mapped(uint32_t b, const void* src, bool write, uint32_t flags_keep,
+                              uint32_t n, bool ahead) {
+  int err = 0;
+  Errc e = uffd_.copy(block_addr(b), src, uint64_t{n} * block_, /*write_protect=*/!write, &err);
+  if (e != Errc::kOk) {
+    fatal(
+        "pager: UFFDIO_COPY of %u block(s) at %p (block %u) failed: %s (state %s); the page "
+        "table and the mapping disagree",
+        n, static_cast<void*>(block_addr(b)), b, strerror(err),
+        page_state_name(PageTable::state_of(pt_.load(b))));
+  }
+  {
+    std::lock_guard<std::mutex> lk(list_mu_);
+    for (uint32_t i = 0; i < n; ++i) active_.push_front(b + i);
+  }
+  const uint32_t flags = (write ? PageTable::kDirty : 0) | (flags_keep & PageTable::kDirty) |
+                         (ahead ? PageTable::kPrefetched : 0);
+  for (uint32_t i = 0; i < n; ++i) {
+    pt_.finish(b + i, PageTable::make(PageState::kPresent, flags, 0));
+  }
+}
+
+template <TransportBackend B>
+typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uint64_t flags) {
+  uintptr_t base = reinterpret_cast<uintptr_t>(region_.ptr);
+  if (addr < base || addr >= base + cfg_.region_size) {
+    // The slots are registered in WP mode for UFFDIO_MOVE. Should a moved
+    // page ever arrive there write-protected, the pager's own write to it
+    // (a READ landing in a slot) must not stay blocked: unprotect.
+    uintptr_t sb = reinterpret_cast<uintptr_t>(slots_.ptr);
+    if (use_move_ && addr >= sb && addr < sb + uint64_t{n_slots_} * block_) {
+      (void)uffd_.write_protect(reinterpret_cast<void*>(addr & ~uint64_t{4095}), 4096, false);
+    }
+    return Outcome::kDone;
+  }
+  const uint32_t b = static_cast<uint32_t>((addr - base) / block_);
+  const bool wp = (flags & UFFD_PAGEFAULT_FLAG_WP) != 0;
+  const bool write = wp || (flags & UFFD_PAGEFAULT_FLAG_WRITE) != 0;
+  uint32_t w = pt_.load(b);
+  for (;;) {
+    switch (PageTable::state_of(w)) {
+      case PageState::kPresent: {
+        if (!wp) {
+          // A missing-page event that lost the race with the install: the
+          // copy already woke the thread; waking again is harmless.
+          (void)uffd_.wake(block_addr(b), block_);
+          return Outcome::kDone;
+        }
+        if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kProtecting))) continue;
+        // Counted before the ioctl that wakes the thread: a thread that
+        // faulted finds its fault in the statistics.
+        counters_.bump(counters_.faults_wp);
+        int err = 0;
+        if (uffd_.write_protect(block_addr(b), block_, false, &err) != Errc::kOk) {
+          fatal("pager: un-write-protecting block %u at %p failed: %s", b,
+                static_cast<void*>(block_addr(b)), strerror(err));
+        }
+        pt_.finish(b, PageTable::with_state(w | PageTable::kDirty, PageState::kPresent));
+        return Outcome::kDone;
+      }
+      case PageState::kEmpty: {
+        if (!reserve()) return Outcome::kDefer;
+        if (!pt_.try_transition(b, w, PageTable::make(PageState::kFetching, 0, 0))) {
+          unreserve();
+          continue;
+        }
+        uint32_t first = b;
+        bool continued = false;
+        const uint32_t extra = zero_around_max_ > 0 ? zero_around_claim(b, &first, &continued) : 0;
+        counters_.bump(counters_.faults_zero);  // before the wake, as above
+        if (extra > 0) {
+          counters_.bump(counters_.zero_around, extra);
+          if (zero_chunk_ > 0) mark_filled(first, extra + 1);
+          install_zero_run(first, extra + 1, b, write);
+        } else if (continued || zero_chunk_ == 0 || zero_chunk_fill(b, write) == 0) {
+          if (zero_chunk_ > 0) mark_filled(b, 1);
+          install_mapped(b, zero_.ptr, write, 0);
+        }
+        return Outcome::kDone;
+      }
+      case PageState::kRemote: {
+        if (h.free_staging.empty() || h.free_inflight.empty() ||
+            h.q->outstanding() + 1 > h.q->depth()) {
+          return Outcome::kDefer;
+        }
+        if (!reserve()) return Outcome::kDefer;
+        if (!pt_.try_transition(b, w, PageTable::make(PageState::kFetching, 0, 0))) {
+          unreserve();
+          continue;
+        }
+        uint32_t st = h.free_staging.back();
+        h.free_staging.pop_back();
+        uint32_t k = h.free_inflight.back();
+        h.free_inflight.pop_back();
+        h.inflight[k] = Inflight{b, st, false, write, false, pager_detail::now_ns()};
+        const uint32_t unit = pt_.meta(b).remote - 1;
+        IoOp op{IoKind::kRead, block_, {}, h.staging.ptr + uint64_t{st} * block_, k};
+        // One live replica; a donor whose connection is gone is marked
+        // failed and the next replica tried (invariant 6 when none is left).
+        Errc pe = Errc::kUnavailable;
+        while (remote_->resolve_read(unit, &op.remote)) {
+          pe = h.q->post({&op, 1});
+          if (pe != Errc::kUnavailable) break;
+          remote_->read_done(op.remote.server);  // not posted
+          remote_->mark_failed(op.remote.server);
+          remote_->count_failover();
+        }
+        if (pe != Errc::kOk) lost_page(b, pe);
+        h.inflight[k].server = op.remote.server;
+        ++h.demand_outstanding;
+        h.ctr.bump(h.ctr.reads);
+        if (cfg_.prefetch) prefetch_after(h, b, false, write);
+        return Outcome::kDone;
+      }
+      case PageState::kVictim: {
+        // Hit in the victim cache: the slot's block goes back to the region;
+        // the budget is unchanged (one slot freed, one block mapped).
+        if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kPromoting))) continue;
+        {
+          std::lock_guard<std::mutex> lk(list_mu_);
+          victim_.remove(b);
+        }
+        const uint32_t slot = PageTable::slot_of(w);
+        const bool was_prefetched = (w & PageTable::kPrefetched) != 0;
+        counters_.bump(counters_.faults_victim);  // before the wake, as above
+        if (was_prefetched) counters_.bump(counters_.prefetch_used);
+        bool moved = use_move_ && promote_by_move(b, slot, write, w);
+        // A dirty block comes back writable even for a read fault: it is
+        // written back when it leaves whatever happens, so write protection
+        // would only cost a WP fault at its next write (eval kv, whose
+        // inserts read a slot before writing it: WP faults 139k -> 114k at
+        // 75%, 255k -> 213k at 50%).
+        if (!moved) install_mapped(b, slot_addr(slot), write || (w & PageTable::kDirty) != 0, w);
+        free_slot(slot, moved);
+        if (cfg_.prefetch) prefetch_after(h, b, was_prefetched, write);
+        return Outcome::kDone;
+      }
+      default:
+        // Fetching, Protecting, Demoting, Promoting, Writing, Discarding:
+        // another thread owns the block; this fault waits for it
+        // (invariant 4) and is retried.
+        return Outcome::kDefer;
+    }
+  }
+}
+
+template <TransportBackend B>
+void Pager<B>::complete(Handler& h, const IoCompletion& c) {
+  const uint32_t k = static_cast<uint32_t>(c.cookie);
+  Inflight f = h.inflight[k];
+  h.free_inflight.push_back(k);
+  remote_->read_done(f.server);  // every inflight entry is a READ
+  if (!f.prefetch) {
+    // Failover: another replica serves the fault; the thread waits longer.
+    if (c.status != Errc::kOk && retry_read(h, f, c.status)) return;
+    --h.demand_outstanding;
+    if (c.status != Errc::kOk) lost_page(f.block, c.status);  // invariant 6
+    h.ctr.bump(h.ctr.faults_remote);                          // before the wake, as above
+    h.ctr.bump(h.ctr.bytes_read, block_);
+    install_mapped(f.block, h.staging.ptr + uint64_t{f.buf} * block_, f.write, 0);
+    h.free_staging.push_back(f.buf);
+    h.ctr.record_latency_ns(pager_detail::now_ns() - f.t0);
+    return;
+  }
+  if (c.status != Errc::kOk) {
+    // A failed prefetch is forgotten (its donor marked failed when it is
+    // gone); a demand fault on the block reads another replica, or reports
+    // the loss if none is left.
+    if (c.status == Errc::kUnavailable || c.status == Errc::kNotFound)
+      remote_->mark_failed(f.server);
+    free_slot(f.buf);
+    unreserve();
+    pt_.finish(f.block, PageTable::make(PageState::kRemote, 0, 0));
+    return;
+  }
+  counters_.bump(counters_.bytes_read, block_);
+  if (f.map) {
+    // The stream was confirmed (a hit on an earlier prefetch, or a fault
+    // just past blocks mapped ahead on the same trend): map the
+    // block now so that the scan does not fault on it at all: write-protected
+    // and clean, or writable and dirty when the stream writes (f.write; a
+    // written stream would take a WP fault on every block otherwise).
+    // Whether it is then used cannot be observed. Adjacent blocks that
+    // land together are mapped by one copy (flush_run()).
+    counters_.bump(counters_.prefetch_mapped);
+    if (h.run_buf.ptr != nullptr) {
+      add_to_run(h, f.block, f.buf, f.write);
+      return;
+    }
+    install_mapped(f.block, slot_addr(f.buf), f.write, 0, 1, /*ahead=*/true);
+    free_slot(f.buf);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lk(list_mu_);
+    victim_.push_front(f.block);
+  }
+  pt_.finish(f.block, PageTable::make(PageState::kVictim, PageTable::kPrefetched, f.buf));
+}
+
+template <TransportBackend B>
+void Pager<B>::set_poller(Handler& h, bool on) {
+  if (h.poller == on) return;
+  h.poller = on;
+  std::lock_guard<std::mutex> lk(mode_mu_);
+  if (on ? pollers_++ == 0 : --pollers_ == 0) uffd_.set_nonblocking(on);
+  pollers_hint_.store(pollers_, std::memory_order_release);
+}
+
+template <TransportBackend B>
+void Pager<B>::doorbell_main() {
+  pthread_setname_np(pthread_self(), "fm-doorbell");
+  std::unique_lock<std::mutex> lk(bell_mu_);
+  for (;;) {
+    bell_cv_.wait(lk, [this] { return bell_exit_ || bell_req_ != bell_done_; });
+    if (bell_req_ == bell_done_) return;  // bell_exit_
+    const uint64_t req = bell_req_;
+    lk.unlock();
+    // Faults until ring_doorbell() maps the page (handlers wake it unresolved).
+    (void)*reinterpret_cast<volatile char*>(doorbell_.ptr);
+    lk.lock();
+    bell_done_ = req;
+    bell_cv_.notify_all();
+  }
+}
+
+template <TransportBackend B>
+template <class Done>
+void Pager<B>::ring_doorbell(Done done) {
+  // Why it makes progress: while the ring is on, the only readers of the
+  // uffd are handlers blocked in read() (a handler in ppoll() leaves the
+  // uffd out once it saw ring_active_; one already polling it reads at most
+  // one more batch) and every handler that reads the doorbell fault wakes
+  // it unresolved, so the toucher faults again at once: a doorbell fault is
+  // pending or being handled until the page is mapped, and each one read
+  // ends a blocked read. done() is polled as prepare_fork() always did.
+  std::lock_guard<std::mutex> serial(ring_mu_);
+  ring_active_.store(true, std::memory_order_seq_cst);
+  uint64_t req;
+  {
+    std::lock_guard<std::mutex> lk(bell_mu_);
+    req = ++bell_req_;
+  }
+  bell_cv_.notify_all();
+  while (!done()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  // Only this maps the page, and it drops it below: never EEXIST. A toucher
+  // not there yet finds it mapped; one waiting in the kernel is woken.
+  int err = 0;
+  if (uffd_.copy(doorbell_.ptr, zero_.ptr, kDoorbellBytes, /*write_protect=*/false, &err) !=
+      Errc::kOk) {
+    fatal("pager: UFFDIO_COPY of the uffd doorbell page at %p failed: %s",
+          static_cast<void*>(doorbell_.ptr), strerror(err));
+  }
+  {
+    std::unique_lock<std::mutex> lk(bell_mu_);
+    bell_cv_.wait(lk, [&] { return bell_done_ == req; });
+  }
+  (void)madvise(doorbell_.ptr, kDoorbellBytes, MADV_DONTNEED);  // missing again: the next ring
+  ring_active_.store(false, std::memory_order_seq_cst);
+}
+
+}  // namespace farmem
