@@ -1,0 +1,854 @@
+// Pager<B>'s evictor and victim cache: the evictor thread (evictor_main(),
+// evict_round()), the adaptive victim-cache target (adapt_victims()),
+// demotion of active blocks into victim slots in batches (demote_batch(),
+// fill_gaps()), the drop of victims with the write-back of dirty ones
+// (drop_victims(), writeback_done(); invariant 1 over every replica), the
+// victim slots, and the control-path drops discard() and the fm_evict hint
+// (evict()). The UFFDIO_MOVE and WP_ASYNC variants of the victim traffic
+// are in victim_move.h; a scan's blocks dropped without the victim cache
+// ("Scan resistance") in prefetch_path.h; how READ and WRITE-back use
+// replicas ("Several donors and replicas") in fault_path.h. Part of
+// Pager<B> (pager/pager_core.h); include pager/pager.h.
+//
+// Residency and replacement. Resident blocks are on the active list (FIFO
+// order of mapping). The evictor thread wakes when resident > high watermark
+// and works down to the low one under fault pressure (faults waiting for
+// budget); without it, it keeps only two write-back batches of headroom
+// (starts one batch below the budget, stops two below), so that a working
+// set that nearly fits is not pushed out and faulted back; the headroom
+// adapts between the two (evictor_main()). It demotes
+// the oldest active blocks into victim slots (write-protect if dirty, copy,
+// MADV_DONTNEED; as many as keep the victim cache at its adaptive target,
+// see adapt_victims()), and drops the oldest victims: clean ones without I/O, dirty ones after a
+// batched WRITE from the slot completed (invariant 1). A WRITE failing with a retryable error keeps
+// its block dirty in the victim cache and the evictor backs off before its next round (100 us
+// doubling to 10 ms, reset by a clean round), so that a struggling donor is not hammered. A fault
+// on a victim maps it back without I/O and puts it at the head of the active list: that re-fault is
+// the access information user space otherwise lacks (second chance through a
+// local victim cache; see replacement_sim.h for the measured hit ratios).
+// "resident" counts mapped blocks, occupied slots and fetches in flight;
+// it never exceeds the budget (slack 0 blocks). Fixed overheads outside the
+// budget: staging (handlers x staging_blocks x block) and the free slots.
+//
+// Eviction batching. What a demotion costs here is its TLB flushes: on
+// these machines (a paravirtualised guest, Linux 6.18) the kernel flushes
+// a range of up to 33 pages page by page, ~20-30 us each, and anything
+// larger with one full flush of ~60-100 us (madvise(MADV_DONTNEED) of 1 /
+// 8 / 32 / 33 / 34 / 64 adjacent pages: 30 / 178 / 720 / 580 / 109 / 152
+// us per call, single-threaded; process_madvise() with 32 or 64 scattered
+// pages costs the same per page as a madvise() each, so it is not used).
+// So demote_batch() write-protects the dirty blocks one
+// UFFDIO_WRITEPROTECT per run of adjacent blocks (as MADV_DONTNEED was
+// already), evict_round() demotes at least min(64, budget / 16) blocks at
+// a time, and demote_batch() closes gaps of one or two resident blocks
+// between blocks it demotes (fill_gaps(): a prefetch marker mapped after
+// its window, a block brought back from the victim cache), so that a
+// scan's demotions are runs of 64-80 blocks past the ceiling: on
+// BM_SeqScan (prefetch on, loopback) 450 MADV_DONTNEED calls for 29k
+// demotions instead of 1.2k (runs of 24 without the gap fills).
+// Measured with the prefetch installs below (bench/pager_bench.cc, old
+// and new pager.h interleaved, two rounds, 2 cores at load average 5-7):
+//   BM_SeqScan loopback prefetch 1   0.094 0.141 -> 0.479 0.455 GB/s
+//   BM_SeqScan tcp      prefetch 1   0.052 0.140 -> 0.209 0.139 GB/s
+//   BM_SeqScan loopback prefetch 0   0.078 0.058 -> 0.091 0.119 GB/s
+//   BM_RandomRMW loopback 25%        5.26k 4.23k -> 3.08k 6.40k ops/s (noise:
+//     the same 1.1 write-protect + 1.3 MADV_DONTNEED calls per dirty eviction)
+// Random dirty blocks still pay two flushes each (write-protect, drop):
+// no call changes scattered pages under one flush here, and UFFDIO_MOVE
+// (one flush) is config.uffd_move's choice. Counted in evict_wp_calls(),
+// evict_dontneed_calls() and evict_gap_fills().
+#pragma once
+
+#include "pager/pager_core.h"
+
+namespace farmem {
+
+template <TransportBackend B>
+void Pager<B>::kick_evictor() {
+  // Taking the mutex orders this notify after the evictor's predicate
+  // check or before it: no lost wake-up (the lock is uncontended but for
+  // the evictor going to sleep).
+  { std::lock_guard<std::mutex> lk(evict_mu_); }
+  evict_cv_.notify_one();
+}
+
+template <TransportBackend B>
+uint32_t Pager<B>::alloc_slot(bool* empty) {
+  std::lock_guard<std::mutex> lk(slot_mu_);
+  if (free_slots_.empty()) return kNoSlot;
+  uint32_t s = free_slots_.back();
+  free_slots_.pop_back();
+  if (empty) *empty = slot_empty_[s] != 0;
+  slot_empty_[s] = 0;  // whatever the new owner does may map a page there
+  return s;
+}
+
+template <TransportBackend B>
+void Pager<B>::free_slot(uint32_t s, bool empty) {
+  std::lock_guard<std::mutex> lk(slot_mu_);
+  free_slots_.push_back(s);  // capacity n_slots_: never reallocates
+  slot_empty_[s] = empty ? 1 : 0;
+}
+
+template <TransportBackend B>
+void Pager<B>::evictor_main() {
+  pthread_setname_np(pthread_self(), "fm-evict");
+  // Background eviction keeps headroom so that faults rarely wait, and the
+  // headroom has a price when the working set nearly fits: every block
+  // pushed out is faulted back in, which pushes resident over the trigger
+  // again (eval kv with the heap one block over the budget: 17k remote
+  // faults with the 97% / 92% watermarks). One round frees a write-back
+  // batch in well under the time the faults that fill it take, so the
+  // headroom starts at two batches (evict from one batch below the budget
+  // down to two below) and adapts to fault pressure: it doubles each time
+  // a fault found the budget full since the last look (budget_full_
+  // moved; not faults_waited, which also counts faults on busy blocks), up to the
+  // configured watermarks (start at high, stop at low), and halves after
+  // each kPressureNs without a wait. Small budgets, where two batches are
+  // more than the watermarks' gap, keep the watermarks.
+  const int64_t batch = static_cast<int64_t>(cfg_.writeback_batch);
+  const int64_t max_h = budget_blocks_ - low_blocks_;
+  const int64_t min_h = std::min<int64_t>(max_h, 2 * batch);
+  int64_t headroom = min_h;
+  uint64_t last_change = pager_detail::now_ns();
+  auto adapt_headroom = [&] {
+    const uint64_t waited = budget_full_.load(std::memory_order_relaxed) +
+                            prefetch_starved_.load(std::memory_order_relaxed);
+    const uint64_t now = pager_detail::now_ns();
+    if (waited != ctl_waited0_) {
+      ctl_waited0_ = waited;
+      headroom = std::min<int64_t>(max_h, 2 * headroom);
+      last_change = now;
+    } else if (headroom > min_h && now - last_change > kPressureNs) {
+      headroom = std::max<int64_t>(min_h, headroom / 2);
+      last_change = now;
+    }
+    headroom_.store(headroom, std::memory_order_relaxed);
+  };
+  auto trigger = [&] {
+    return headroom >= max_h ? high_blocks_
+                             : std::max<int64_t>(high_blocks_, budget_blocks_ - headroom / 2);
+  };
+  while (!stop_.load(std::memory_order_acquire)) {
+    {
+      std::unique_lock<std::mutex> lk(evict_mu_);
+      evict_cv_.wait_for(lk, std::chrono::milliseconds(50), [&] {
+        adapt_headroom();
+        return stop_.load(std::memory_order_acquire) ||
+               resident_.load(std::memory_order_relaxed) > trigger();
+      });
+    }
+    for (;;) {
+      if (stop_.load(std::memory_order_acquire)) break;
+      adapt_headroom();
+      const int64_t floor = budget_blocks_ - headroom;
+      if (resident_.load(std::memory_order_relaxed) <= floor) break;
+      std::unique_lock<std::mutex> gate(fork_gate_);  // a fork stops eviction
+      const size_t progress = evict_round(floor);
+      gate.unlock();
+      if (progress == 0) {
+        // Everything at the tails is busy (I/O in flight elsewhere).
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+  }
+}
+
+// Adaptive victim cache. The victim cache buys replacement quality (second
+// chance: a re-fault on a demoted block is the accessed bit user space
+// lacks) and pays for it with a local fault per re-fault, plus a demotion.
+// When the working set nearly fits, or access is uniform, it buys nothing
+// and costs a fault on every access to the unmapped share of the budget
+// (eval kv at a 100% budget: 105k victim + 103k WP faults for 17k remote
+// ones with a fixed 25% share). So the share moves with what it costs
+// against what it is there to save: per epoch of kVictimEpochFaults
+// victim + remote faults (prefetch hits not counted: they are prefetch's),
+// replacement_sim.h adapt_victim_target() shrinks it by a quarter when
+// victim faults exceed a quarter of the remote ones, and grows it by a
+// quarter otherwise, between victim_min_ and config.victim_fraction of
+// the budget. A smaller target pushes no victim out: the cache drains by
+// re-faults and drops. The same controller runs in the model
+// (simulate_victim_adaptive; hit ratios in tests/pager/pager_budget_test.cc).
+template <TransportBackend B>
+void Pager<B>::adapt_victims() {
+  const uint64_t v = counters_.faults_victim.load(std::memory_order_relaxed);
+  const uint64_t u = counters_.prefetch_used.load(std::memory_order_relaxed);
+  uint64_t r = counters_.faults_remote.load(std::memory_order_relaxed);
+  for (const auto& h : handlers_) r += h->ctr.faults_remote.load(std::memory_order_relaxed);
+  const uint64_t dv_all = v - ctl_victim0_, du = u - ctl_used0_;
+  const uint64_t dv = dv_all > du ? dv_all - du : 0;
+  const uint64_t dr = r - ctl_remote0_;
+  if (dv + dr < kVictimEpochFaults) return;  // too little evidence yet
+  ctl_victim0_ = v;
+  ctl_used0_ = u;
+  ctl_remote0_ = r;
+  victim_cur_.store(adapt_victim_target(victim_cur_.load(std::memory_order_relaxed), dv, dr,
+                                        victim_min_, victim_target_, cfg_.writeback_batch),
+                    std::memory_order_relaxed);
+}
+
+template <TransportBackend B>
+size_t Pager<B>::evict_round(int64_t floor) {
+  int64_t excess = resident_.load(std::memory_order_relaxed) - floor;
+  if (excess <= 0) return 0;
+  size_t want = static_cast<size_t>(excess) < cfg_.writeback_batch ? static_cast<size_t>(excess)
+                                                                   : cfg_.writeback_batch;
+  adapt_victims();
+  const uint64_t target = victim_cur_.load(std::memory_order_relaxed);
+  // Keep the victim cache at its target plus what this round drops, so that
+  // every block spends a while there before it leaves.
+  size_t progress = 0, dropped = 0;
+  for (;;) {
+    uint64_t nv;
+    {
+      std::lock_guard<std::mutex> lk(list_mu_);
+      nv = victim_.size();
+    }
+    // Blocks dropped straight from the active list (mapped ahead, clean)
+    // freed their room already: only the rest of `want` goes through the
+    // victim cache.
+    if (dropped >= want || nv + dropped >= target + want) break;
+    // At least min(64, budget / 16) blocks at a time: a scan's demotions
+    // are then runs past the kernel's full-flush ceiling (33 pages: 34+
+    // adjacent blocks cost the flush of one), while a small budget keeps
+    // most of itself mapped.
+    // A scan whose blocks leave without the victim cache (the last batch
+    // was mostly dropped clean) goes up to 256 at a time: MADV_DONTNEED
+    // costs 2.4 us per page in runs of 64 and 1.2 in runs of 256 here.
+    const size_t run = static_cast<size_t>(
+        std::clamp<int64_t>(budget_blocks_ / 16, 1, scan_evict_ ? int64_t{kDemotePick} : 64));
+    size_t dr = 0;
+    size_t d =
+        demote_batch(std::max<size_t>(static_cast<size_t>(target + want - nv - dropped), run), &dr);
+    if (d == 0) break;
+    scan_evict_ = 2 * dr > d;
+    progress += d;
+    dropped += dr;
+  }
+  return progress + drop_victims(want > dropped ? want - dropped : 0);
+}
+
+template <TransportBackend B>
+size_t Pager<B>::demote_batch(size_t max, size_t* dropped) {
+  if (dropped) *dropped = 0;
+  // Up to kMaxPick blocks from the tail of the active list, plus up to
+  // kMaxFill "gap" blocks: resident blocks of one or two that separate two
+  // picked ones (a prefetch marker mapped later than its window, a block
+  // re-faulted from the victim cache), taken too so that a scan's
+  // demotions stay runs longer than the kernel's full-flush ceiling (33
+  // pages; see "Eviction batching" above). Not with WP_ASYNC
+  // (demote_async() takes at most 64 blocks).
+  constexpr size_t kMaxPick = kDemotePick, kMaxFill = kDemoteFill, kMaxBatch = kMaxPick + kMaxFill;
+  uint32_t blocks[kMaxBatch], slots[kMaxBatch], words[kMaxBatch];
+  if (max > kMaxPick) max = kMaxPick;
+  if (use_wp_async_ && max > 64) max = 64;  // demote_async()'s most
+  const size_t fill_max = use_wp_async_ ? 0 : kMaxFill;
+  size_t ns = 0;
+  bool empty[kMaxBatch];
+  while (ns < max + fill_max && (slots[ns] = alloc_slot(&empty[ns])) != kNoSlot) ++ns;
+  size_t n = 0;
+  {
+    std::lock_guard<std::mutex> lk(list_mu_);
+    uint32_t c = active_.back();
+    const size_t pick = ns < max ? ns : max;
+    for (size_t scanned = 0; c != kNil && n < pick && scanned < pick + 64; ++scanned) {
+      uint32_t prev = active_.prev_of(c);
+      uint32_t w = pt_.load(c);
+      if (PageTable::state_of(w) == PageState::kPresent &&
+          pt_.try_transition(c, w, PageTable::with_state(w, PageState::kDemoting))) {
+        active_.remove(c);
+        blocks[n] = c;
+        words[n] = w;
+        ++n;
+      }
+      c = prev;
+    }
+    if (n >= 2 && n < ns) n = fill_gaps(blocks, words, n, ns);
+  }
+  for (size_t i = n; i < ns; ++i) free_slot(slots[i], empty[i]);
+  if (n == 0) return 0;
+  if (use_wp_async_) {
+    bool kept[kMaxBatch];
+    demote_async(blocks, slots, words, empty, n, kept);
+    size_t moved_n = 0;
+    {
+      std::lock_guard<std::mutex> lk(list_mu_);
+      for (size_t i = 0; i < n; ++i) {
+        if (kept[i]) {
+          active_.push_front(blocks[i]);  // pinned page: try others first
+        } else {
+          victim_.push_front(blocks[i]);
+        }
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (kept[i]) {
+        free_slot(slots[i], /*empty=*/true);
+        pt_.finish(blocks[i], PageTable::with_state(words[i], PageState::kPresent));
+        continue;
+      }
+      pt_.finish(blocks[i],
+                 PageTable::make(PageState::kVictim, words[i] & PageTable::kDirty, slots[i]));
+      ++moved_n;
+    }
+    counters_.bump(counters_.demotions, moved_n);
+    return moved_n;
+  }
+  // Blocks a confirmed stream mapped ahead (kPrefetched), still clean and
+  // with a remote copy, leave without the victim cache: no copy, no slot,
+  // straight back to Remote after the MADV_DONTNEED below ("Scan
+  // resistance" above). A write since would have made them dirty (they
+  // were mapped write-protected), and one racing this demotion faults and
+  // waits for it (Demoting) as for any other block.
+  bool drop[kMaxBatch] = {};
+  size_t n_drop = 0;
+  for (size_t i = 0; i < n; ++i) {
+    drop[i] = (words[i] & (PageTable::kPrefetched | PageTable::kDirty)) == PageTable::kPrefetched &&
+              pt_.meta(blocks[i]).remote != 0;
+    n_drop += drop[i] ? 1 : 0;
+  }
+  // Moved blocks are done: the move took the page out of the region
+  // atomically. The rest (or all, without UFFDIO_MOVE) are copied.
+  bool moved[kMaxBatch] = {};
+  for (size_t i = 0; use_move_ && i < n; ++i) {
+    moved[i] = !drop[i] && empty[i] && move_out(blocks[i], slots[i]);
+  }
+  // Writes from now on fault and wait for this demotion (invariant 4).
+  // Clean blocks are write-protected already; the dirty ones are
+  // write-protected one UFFDIO_WRITEPROTECT per run of adjacent blocks:
+  // each call is a TLB flush, and on this machine (a paravirtualised
+  // guest) a flush costs ~20-30 us per page up to 33 pages and the same
+  // as one page beyond that (the kernel's full-flush ceiling), so a run
+  // of 64 costs what one block did (see "Eviction batching" above).
+  uint32_t dirty[kMaxBatch];
+  size_t nd = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!moved[i] && (words[i] & PageTable::kDirty)) dirty[nd++] = blocks[i];
+  }
+  std::sort(dirty, dirty + nd);
+  for (size_t i = 0; i < nd;) {
+    size_t j = i + 1;
+    while (j < nd && dirty[j] == dirty[j - 1] + 1) ++j;
+    int err = 0;
+    if (uffd_.write_protect(block_addr(dirty[i]), (j - i) * uint64_t{block_}, true, &err) !=
+        Errc::kOk) {
+      fatal("pager: write-protecting %zu blocks at %p for eviction failed: %s", j - i,
+            static_cast<void*>(block_addr(dirty[i])), strerror(err));
+    }
+    evict_wp_calls_.fetch_add(1, std::memory_order_relaxed);
+    i = j;
+  }
+  // The blocks are mapped and owned by this thread: reading them cannot fault.
+  size_t nc = 0;
+  uint32_t sorted[kMaxBatch];
+  for (size_t i = 0; i < n; ++i) {
+    if (moved[i]) continue;
+    sorted[nc++] = blocks[i];
+    if (drop[i]) continue;
+    pager_detail::copy_from_region(slot_addr(slots[i]), block_addr(blocks[i]), block_);
+    words[i] = clean_if_zero(blocks[i], slots[i], words[i]);
+  }
+  // One MADV_DONTNEED per run of adjacent blocks: each call is a TLB
+  // shoot-down, and a scan demotes long runs.
+  std::sort(sorted, sorted + nc);
+  for (size_t i = 0; i < nc;) {
+    size_t j = i + 1;
+    while (j < nc && sorted[j] == sorted[j - 1] + 1) ++j;
+    char* addr = block_addr(sorted[i]);
+    if (madvise(addr, (j - i) * uint64_t{block_}, MADV_DONTNEED) != 0) {
+      fatal("pager: MADV_DONTNEED of %zu blocks at %p failed: %s", j - i, static_cast<void*>(addr),
+            strerror(errno));
+    }
+    evict_dontneed_calls_.fetch_add(1, std::memory_order_relaxed);
+    i = j;
+  }
+  {
+    std::lock_guard<std::mutex> lk(list_mu_);
+    for (size_t i = 0; i < n; ++i) {
+      if (!drop[i]) victim_.push_front(blocks[i]);  // oldest nearest the tail
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (drop[i]) {
+      free_slot(slots[i], empty[i]);
+      pt_.finish(blocks[i], PageTable::make(PageState::kRemote, 0, 0));
+      continue;
+    }
+    pt_.finish(blocks[i],
+               PageTable::make(PageState::kVictim, words[i] & PageTable::kDirty, slots[i]));
+  }
+  if (n_drop > 0) {
+    unreserve(static_cast<int64_t>(n_drop));
+    counters_.bump(counters_.evictions_clean, n_drop);
+    ahead_drops_.fetch_add(n_drop, std::memory_order_relaxed);
+  }
+  counters_.bump(counters_.demotions, n - n_drop);
+  if (dropped) *dropped = n_drop;
+  return n;
+}
+
+template <TransportBackend B>
+size_t Pager<B>::fill_gaps(uint32_t* blocks, uint32_t* words, size_t n, size_t cap) {
+  // The picked blocks keep their order (oldest first: the victim list's
+  // order); gap blocks are appended.
+  uint32_t sorted[kDemotePick + kDemoteFill];
+  FARMEM_BUG_ON(cap > kDemotePick + kDemoteFill || n > cap);
+  std::copy(blocks, blocks + n, sorted);
+  std::sort(sorted, sorted + n);
+  size_t out = n;
+  for (size_t i = 0; i + 1 < n && out < cap; ++i) {
+    const uint32_t lo = sorted[i], hi = sorted[i + 1];
+    if (hi - lo < 2 || hi - lo > 3) continue;
+    for (uint32_t g = lo + 1; g < hi && out < cap; ++g) {
+      uint32_t w = pt_.load(g);
+      // Present and unpinned: on the active list (blocks are pushed before
+      // they turn Present and taken off it before they are pinned).
+      if (PageTable::state_of(w) != PageState::kPresent || (w & PageTable::kPinned)) continue;
+      if (!pt_.try_transition(g, w, PageTable::with_state(w, PageState::kDemoting))) continue;
+      active_.remove(g);
+      blocks[out] = g;
+      words[out] = w;
+      ++out;
+    }
+  }
+  if (out > n) counters_gap_fill_.fetch_add(out - n, std::memory_order_relaxed);
+  return out;
+}
+
+template <TransportBackend B>
+size_t Pager<B>::drop_victims(size_t max) {
+  uint32_t clean_slots[256];
+  size_t n_clean = 0, n_unused = 0;
+  h_wb_.clear();
+  {
+    std::lock_guard<std::mutex> lk(list_mu_);
+    uint32_t c = victim_.back();
+    for (size_t scanned = 0; c != kNil && scanned < 2 * max + 16 && n_clean + h_wb_.size() < max;
+         ++scanned) {
+      uint32_t prev = victim_.prev_of(c);
+      uint32_t w = pt_.load(c);
+      if (PageTable::state_of(w) == PageState::kVictim) {
+        if (!(w & PageTable::kDirty)) {
+          PageState to = pt_.meta(c).remote != 0 ? PageState::kRemote : PageState::kEmpty;
+          if (pt_.try_transition(c, w, PageTable::make(to, 0, 0))) {
+            victim_.remove(c);
+            clean_slots[n_clean++] = PageTable::slot_of(w);
+            if (w & PageTable::kPrefetched) ++n_unused;
+          }
+        } else if (pt_.try_transition(c, w, PageTable::with_state(w, PageState::kWriting))) {
+          victim_.remove(c);
+          h_wb_.push_back(c);
+        }
+      }
+      c = prev;
+    }
+  }
+  for (size_t i = 0; i < n_clean; ++i) free_slot(clean_slots[i]);
+  if (n_clean) {
+    unreserve(static_cast<int64_t>(n_clean));
+    counters_.bump(counters_.evictions_clean, n_clean);
+  }
+  if (n_unused) {
+    counters_.bump(counters_.prefetch_unused, n_unused);
+    for (size_t i = 0; i < n_unused; ++i) prefetcher_->on_unused();
+  }
+  if (h_wb_.empty()) return n_clean;
+
+  // Dirty victims: one batch of WRITEs from their slots, one per replica
+  // on a live donor (cookie: block | server << 32).
+  std::vector<IoOp>& ops = wb_ops_;
+  ops.clear();
+  for (uint32_t b : h_wb_) {
+    BlockMeta& m = pt_.meta(b);
+    if (m.remote == 0) {
+      auto u = remote_->alloc_unit();
+      if (!u.ok()) {
+        fatal("pager: no remote space to write back dirty block %u at %p: %s", b,
+              static_cast<void*>(block_addr(b)), u.status().to_string().c_str());
+      }
+      m.remote = *u + 1;
+    } else if (Status fs = fork_rehome(b); !fs.ok()) {
+      fatal("pager: no remote space to write back dirty block %u at %p: %s", b,
+            static_cast<void*>(block_addr(b)), fs.to_string().c_str());
+    }
+    uint32_t w = pt_.load(b);
+    const uint32_t slot = PageTable::slot_of(w);
+    RemoteAddr to[RemoteMap::kMaxReplicas];
+    const size_t nt = remote_->begin_write(m.remote - 1, to);
+    if (nt == 0) {
+      char where[512];
+      remote_->describe_replicas(m.remote - 1, where, sizeof where);
+      fatal(
+          "pager: cannot write back dirty block at %p: donor %s is unavailable and no "
+          "replica holds it (replicas: %s)",
+          static_cast<void*>(block_addr(b)),
+          remote_->server_name(remote_->resolve(m.remote - 1).server), where);
+    }
+    wb_left_[slot] = static_cast<uint8_t>(nt);
+    wb_ok_[slot] = 0;
+    wb_retry_[slot] = 0;
+    for (size_t i = 0; i < nt; ++i) {
+      ops.push_back(IoOp{IoKind::kWrite, block_, to[i], slot_addr(slot),
+                         uint64_t{b} | uint64_t{to[i].server} << 32});
+    }
+  }
+  size_t done_ok = 0;
+  size_t posted = 0;
+  while (posted < ops.size()) {
+    size_t room = evict_q_->depth() - evict_q_->outstanding();
+    size_t n = ops.size() - posted < room ? ops.size() - posted : room;
+    if (n > 0) {
+      Errc pe = evict_q_->post({ops.data() + posted, n});
+      if (pe == Errc::kOk) {
+        posted += n;
+      } else if (pe == Errc::kUnavailable) {
+        // A donor's connection is gone: one op at a time, and an op the
+        // queue refuses as unavailable completes as such (its replica is
+        // marked failed; the others still take the block).
+        Errc p1 = evict_q_->post({ops.data() + posted, 1});
+        if (p1 == Errc::kOk || p1 == Errc::kUnavailable) {
+          if (p1 != Errc::kOk) {
+            done_ok += writeback_done(IoCompletion{ops[posted].cookie, Errc::kUnavailable});
+          }
+          ++posted;
+        }
+      }
+    }
+    IoCompletion comps[64];
+    size_t got = evict_q_->wait(comps, 10);
+    for (size_t i = 0; i < got; ++i) done_ok += writeback_done(comps[i]);
+  }
+  while (evict_q_->outstanding() > 0) {
+    IoCompletion comps[64];
+    size_t got = evict_q_->wait(comps, 10);
+    for (size_t i = 0; i < got; ++i) done_ok += writeback_done(comps[i]);
+  }
+  counters_.bump(counters_.writes, ops.size());
+  // Bounded exponential back-off: a donor failing WRITEs (other than
+  // kUnavailable, which is fatal or fails over) is not hammered with the
+  // same blocks in a tight loop. Sleeping here delays faults waiting for
+  // budget by at most kWbBackoffMaxUs per round; one clean round resets it.
+  if (wb_failures_ != 0) {
+    wb_failures_ = 0;
+    wb_backoff_us_ =
+        wb_backoff_us_ == 0 ? kWbBackoffMinUs : std::min(2 * wb_backoff_us_, kWbBackoffMaxUs);
+    std::this_thread::sleep_for(std::chrono::microseconds(wb_backoff_us_));
+  } else if (done_ok != 0) {
+    wb_backoff_us_ = 0;
+  }
+  return n_clean + done_ok;
+}
+
+template <TransportBackend B>
+size_t Pager<B>::writeback_done(const IoCompletion& c) {
+  const uint32_t b = static_cast<uint32_t>(c.cookie);
+  const ServerId server = static_cast<ServerId>(c.cookie >> 32);
+  const uint32_t w = pt_.load(b);
+  const uint32_t slot = PageTable::slot_of(w);
+  // One replica's WRITE. A donor found gone no longer holds a replica (the
+  // replicator rebuilds it elsewhere); any other failure is retried.
+  if (c.status == Errc::kOk) {
+    ++wb_ok_[slot];
+  } else if (c.status == Errc::kUnavailable || c.status == Errc::kNotFound) {
+    remote_->mark_failed(server);
+  } else {
+    wb_retry_[slot] = static_cast<uint8_t>(c.status);
+  }
+  if (--wb_left_[slot] > 0) return 0;  // more replicas to hear from
+  remote_->end_write(pt_.meta(b).remote - 1);
+  if (wb_retry_[slot] == 0 && wb_ok_[slot] > 0) {
+    // Every live replica stored the WRITE: only now may the local copy go
+    // (invariant 1).
+    pt_.finish(b, PageTable::make(PageState::kRemote, 0, 0));
+    free_slot(slot);
+    unreserve();
+    counters_.bump(counters_.evictions_dirty);
+    counters_.bump(counters_.bytes_written, block_);
+    return 1;
+  }
+  if (wb_retry_[slot] == 0) {
+    char where[512];
+    remote_->describe_replicas(pt_.meta(b).remote - 1, where, sizeof where);
+    fatal(
+        "pager: cannot write back dirty block at %p: donor %s is unavailable and no replica "
+        "holds it (replicas: %s)",
+        static_cast<void*>(block_addr(b)), remote_->server_name(server), where);
+  }
+  // Any other failure: keep the data in its slot, still dirty, and retry
+  // it (on every replica) in a later round, after a back-off.
+  counters_.bump(counters_.writeback_errors);
+  ++wb_failures_;
+  FARMEM_LOG(kWarn, "pager: write-back of block %u at %p failed (%s); kept locally for a retry", b,
+             static_cast<void*>(block_addr(b)), errc_name(static_cast<Errc>(wb_retry_[slot])));
+  {
+    std::lock_guard<std::mutex> lk(list_mu_);
+    victim_.push_front(b);
+  }
+  pt_.finish(b, PageTable::with_state(w, PageState::kVictim));
+  return 0;
+}
+
+template <TransportBackend B>
+void Pager<B>::discard_remote(uint32_t b) {
+  BlockMeta& m = pt_.meta(b);
+  if (m.remote != 0) {
+    // A fork snapshot may still read the unit: then it frees it.
+    if (!fork_.keep_unit(b, m.remote - 1, /*discarded=*/true)) remote_->free_unit(m.remote - 1);
+    m.remote = 0;
+  }
+}
+
+template <TransportBackend B>
+Status Pager<B>::discard(void* addr, size_t len) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  uintptr_t base = reinterpret_cast<uintptr_t>(region_.ptr);
+  if (a < base || a + len > base + cfg_.region_size || len > cfg_.region_size ||
+      (a - base) % block_ != 0 || len % block_ != 0) {
+    return make_error(Errc::kInvalidArgument,
+                      "discard(%p, %zu): the range must be inside the region [%p, +%llu) and "
+                      "aligned to the %u-byte block size",
+                      addr, len, static_cast<void*>(region_.ptr),
+                      static_cast<unsigned long long>(cfg_.region_size), block_);
+  }
+  const uint32_t first = static_cast<uint32_t>((a - base) / block_);
+  const uint32_t last = first + static_cast<uint32_t>(len / block_);
+  // Mapped blocks are dropped in runs: one MADV_DONTNEED per run of adjacent
+  // blocks instead of one per block. Each madvise of a process with pager
+  // threads flushes the other CPUs' TLBs; per block, that was most of the
+  // cost of a program freeing large buffers under the preload library
+  // (jemalloc purges freed extents through here). The run's blocks stay in
+  // Discarding (faults on them wait) until the one madvise is done.
+  constexpr uint32_t kMaxRun = 1024;
+  uint32_t run_first = 0, run_len = 0;
+  auto drop_run = [&] {
+    if (run_len == 0) return;
+    if (madvise(block_addr(run_first), uint64_t{run_len} * block_, MADV_DONTNEED) != 0) {
+      fatal("pager: discard: MADV_DONTNEED of %u blocks at %p failed: %s", run_len,
+            static_cast<void*>(block_addr(run_first)), strerror(errno));
+    }
+    for (uint32_t b = run_first; b < run_first + run_len; ++b) {
+      unreserve();
+      discard_remote(b);
+      pt_.finish(b, PageTable::make(PageState::kEmpty, 0, 0));
+    }
+    run_len = 0;
+  };
+  for (uint32_t b = first; b < last; ++b) {
+    for (;;) {
+      uint32_t w = pt_.load(b);
+      PageState s = PageTable::state_of(w);
+      if (s == PageState::kEmpty) break;
+      if (is_transient(s)) {
+        // I/O or a fault in flight on the block: wait for it (bounded by
+        // that I/O). Drop the run first so that no fault waits on us
+        // while we wait.
+        drop_run();
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        continue;
+      }
+      if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kDiscarding))) continue;
+      if (s == PageState::kPresent) {
+        if (w & PageTable::kPinned) {
+          pinned_.fetch_sub(1, std::memory_order_relaxed);  // discard unpins
+        } else {
+          std::lock_guard<std::mutex> lk(list_mu_);
+          active_.remove(b);
+        }
+        if (run_len != 0 && (run_first + run_len != b || run_len == kMaxRun)) drop_run();
+        if (run_len == 0) run_first = b;
+        ++run_len;
+        break;
+      }
+      if (s == PageState::kVictim) {
+        {
+          std::lock_guard<std::mutex> lk(list_mu_);
+          victim_.remove(b);
+        }
+        free_slot(PageTable::slot_of(w));
+        unreserve();
+      }
+      discard_remote(b);
+      pt_.finish(b, PageTable::make(PageState::kEmpty, 0, 0));
+      break;
+    }
+  }
+  drop_run();
+  return ok_status();
+}
+
+template <TransportBackend B>
+Status Pager<B>::evict(void* addr, size_t len) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  uintptr_t base = reinterpret_cast<uintptr_t>(region_.ptr);
+  if (a < base || a + len > base + cfg_.region_size || len > cfg_.region_size ||
+      (a - base) % block_ != 0 || len % block_ != 0) {
+    return make_error(Errc::kInvalidArgument,
+                      "evict(%p, %zu): the range must be inside the region [%p, +%llu) and "
+                      "aligned to the %u-byte block size",
+                      addr, len, static_cast<void*>(region_.ptr),
+                      static_cast<unsigned long long>(cfg_.region_size), block_);
+  }
+  std::lock_guard<std::mutex> hl(hint_mu_);
+  const uint32_t first = static_cast<uint32_t>((a - base) / block_);
+  const uint32_t last = first + static_cast<uint32_t>(len / block_);
+  for (uint32_t b = first; b < last; ++b) {
+    for (;;) {
+      uint32_t w = pt_.load(b);
+      PageState s = PageTable::state_of(w);
+      if (s == PageState::kEmpty || s == PageState::kRemote) break;
+      if (is_transient(s)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        continue;
+      }
+      if (s == PageState::kPresent && (w & PageTable::kPinned)) break;  // stays until unpin
+      if (s == PageState::kPresent) {
+        // Demote into a slot first, exactly as the evictor does.
+        uint32_t slot = alloc_slot();
+        if (slot == kNoSlot) {
+          kick_evictor();  // slots come back as the evictor drops victims
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+          continue;
+        }
+        if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kDemoting))) {
+          free_slot(slot);
+          continue;
+        }
+        {
+          std::lock_guard<std::mutex> lk(list_mu_);
+          active_.remove(b);
+        }
+        if (use_wp_async_) {
+          // As the evictor does (demote_async): never copy + DONTNEED here.
+          uint32_t ws = w;
+          bool kept = false;
+          const bool empty = false;  // unknown: demote_async empties it
+          demote_async(&b, &slot, &ws, &empty, 1, &kept);
+          if (kept) {
+            {
+              std::lock_guard<std::mutex> lk(list_mu_);
+              active_.push_front(b);
+            }
+            free_slot(slot, true);
+            pt_.finish(b, PageTable::with_state(ws, PageState::kPresent));
+            break;  // pinned for DMA: a hint, skip it
+          }
+          {
+            std::lock_guard<std::mutex> lk(list_mu_);
+            victim_.push_front(b);
+          }
+          pt_.finish(b, PageTable::make(PageState::kVictim, ws & PageTable::kDirty, slot));
+          counters_.bump(counters_.demotions);
+          continue;  // now a victim: dropped below
+        }
+        int err = 0;
+        if ((w & PageTable::kDirty) &&
+            uffd_.write_protect(block_addr(b), block_, true, &err) != Errc::kOk) {
+          fatal("pager: write-protecting block %u at %p for evict() failed: %s", b,
+                static_cast<void*>(block_addr(b)), strerror(err));
+        }
+        pager_detail::copy_from_region(slot_addr(slot), block_addr(b), block_);
+        w = clean_if_zero(b, slot, w);
+        if (madvise(block_addr(b), block_, MADV_DONTNEED) != 0) {
+          fatal("pager: MADV_DONTNEED at %p failed: %s", static_cast<void*>(block_addr(b)),
+                strerror(errno));
+        }
+        {
+          std::lock_guard<std::mutex> lk(list_mu_);
+          victim_.push_front(b);
+        }
+        pt_.finish(b, PageTable::make(PageState::kVictim, w & PageTable::kDirty, slot));
+        counters_.bump(counters_.demotions);
+        continue;  // now a victim: dropped below
+      }
+      // Victim.
+      const uint32_t slot = PageTable::slot_of(w);
+      if (!(w & PageTable::kDirty)) {
+        PageState to = pt_.meta(b).remote != 0 ? PageState::kRemote : PageState::kEmpty;
+        if (!pt_.try_transition(b, w, PageTable::make(to, 0, 0))) continue;
+        {
+          std::lock_guard<std::mutex> lk(list_mu_);
+          victim_.remove(b);
+        }
+        free_slot(slot);
+        unreserve();
+        counters_.bump(counters_.evictions_clean);
+        break;
+      }
+      if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kWriting))) continue;
+      {
+        std::lock_guard<std::mutex> lk(list_mu_);
+        victim_.remove(b);
+      }
+      BlockMeta& m = pt_.meta(b);
+      if (m.remote == 0) {
+        auto u = remote_->alloc_unit();
+        if (!u.ok()) {
+          {
+            std::lock_guard<std::mutex> lk(list_mu_);
+            victim_.push_front(b);
+          }
+          pt_.finish(b, PageTable::with_state(w, PageState::kVictim));
+          return u.status().with_context("evict");
+        }
+        m.remote = *u + 1;
+      } else if (Status fs = fork_rehome(b); !fs.ok()) {
+        {
+          std::lock_guard<std::mutex> lk(list_mu_);
+          victim_.push_front(b);
+        }
+        pt_.finish(b, PageTable::with_state(w, PageState::kVictim));
+        return fs.with_context("evict");
+      }
+      // One WRITE per replica on a live donor, one at a time (a hint).
+      RemoteAddr to[RemoteMap::kMaxReplicas];
+      const size_t nt = remote_->begin_write(m.remote - 1, to);
+      IoOp op{IoKind::kWrite, block_, nt ? to[0] : remote_->resolve(m.remote - 1), slot_addr(slot),
+              b};
+      IoCompletion c{b, nt ? Errc::kOk : Errc::kUnavailable};
+      size_t stored = 0;
+      for (size_t i = 0; i < nt; ++i) {
+        IoOp o{IoKind::kWrite, block_, to[i], slot_addr(slot), b};
+        Errc e = hint_q_->post({&o, 1});
+        IoCompletion ci{b, e};
+        if (e == Errc::kOk) {
+          while (hint_q_->wait({&ci, 1}, 100) == 0) {
+          }
+        }
+        counters_.bump(counters_.writes);
+        if (ci.status == Errc::kOk) {
+          ++stored;
+        } else if (ci.status == Errc::kUnavailable || ci.status == Errc::kNotFound) {
+          remote_->mark_failed(to[i].server);  // its replica is rebuilt elsewhere
+          if (c.status == Errc::kOk) op = o;
+        } else {
+          c.status = ci.status;
+          op = o;
+        }
+      }
+      remote_->end_write(m.remote - 1);
+      if (c.status == Errc::kOk && stored == 0) c.status = Errc::kUnavailable;
+      if (c.status != Errc::kOk) {
+        {
+          std::lock_guard<std::mutex> lk(list_mu_);
+          victim_.push_front(b);
+        }
+        pt_.finish(b, PageTable::with_state(w, PageState::kVictim));
+        counters_.bump(counters_.writeback_errors);
+        return make_error(c.status,
+                          "evict: WRITE of the dirty block at %p to donor %s failed; the data "
+                          "stays local and is retried by the evictor",
+                          static_cast<void*>(block_addr(b)),
+                          remote_->server_name(op.remote.server));
+      }
+      pt_.finish(b, PageTable::make(PageState::kRemote, 0, 0));
+      free_slot(slot);
+      unreserve();
+      counters_.bump(counters_.evictions_dirty);
+      counters_.bump(counters_.bytes_written, block_);
+      break;
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace farmem
