@@ -33,7 +33,7 @@ namespace farmem {
 // a block that cannot move (pinned for DMA, shared after fork) takes the copy path.
 enum class UffdMoveMode : uint8_t { kAuto, kOn, kOff };
 
-// UFFD_FEATURE_WP_ASYNC + PAGEMAP_SCAN dirty tracking (Linux >= 6.7; pager.h "WP_ASYNC"): the
+// UFFD_FEATURE_WP_ASYNC + PAGEMAP_SCAN dirty tracking (Linux >= 6.7; victim_move.h "WP_ASYNC"): the
 // kernel resolves the first write to a clean block itself (no WP fault, no handler) and the
 // evictor asks PAGEMAP_SCAN which blocks were written. It needs UFFDIO_MOVE too (demotion must
 // take a page out of the region atomically). kAuto uses it when the kernel has both, kOn makes
@@ -49,7 +49,7 @@ struct PagerConfig {
   // Fault handler threads; 0 = default_handler_threads().
   uint32_t handler_threads = 0;
   // An idle handler waits in a blocking read() of the uffd (one syscall per
-  // fault) when the kernel lets the busy ones read without blocking (pager.h
+  // fault) when the kernel lets the busy ones read without blocking (fault_path.h
   // "Idle handlers block in read()"); false keeps ppoll() + read() (tests).
   bool blocking_read = true;
   // Fetch granularity: a power of two from 4 KiB to 2 MiB.
@@ -68,20 +68,20 @@ struct PagerConfig {
   bool prefetch = true;
   // Blocks per fault, at most (<= 256); the pager uses
   // min(this, max(32, budget / 16 blocks)): see "Prefetch windows" in
-  // pager.h.
+  // prefetch_path.h.
   uint32_t prefetch_max_window = 256;
   // Per-handler staging blocks for demand fetches; 0 = auto (256 KiB worth,
   // 2 .. 64 blocks).
   uint32_t staging_blocks = 0;
   // See UffdMoveMode. Off by default: measured slower than the copy path
   // here (bench/pager_bench.cc BM_VictimHit / BM_EvictCycle; figures in
-  // pager.h, "UFFDIO_MOVE"). FARMEM_UFFD_MOVE=auto turns it on where present.
+  // victim_move.h, "UFFDIO_MOVE"). FARMEM_UFFD_MOVE=auto turns it on where present.
   UffdMoveMode uffd_move = UffdMoveMode::kOff;
   // See WpAsyncMode. Off by default: measured slower than the WP-fault path
   // here (bench/pager_bench.cc BM_RandomRMW / BM_SeqScan; figures in
-  // pager.h, "WP_ASYNC"). FARMEM_WP_ASYNC=auto turns it on where present.
+  // victim_move.h, "WP_ASYNC"). FARMEM_WP_ASYNC=auto turns it on where present.
   WpAsyncMode wp_async = WpAsyncMode::kOff;
-  // Zero-fill fault-around (pager.h "Zero-fill fault-around"): when a zero
+  // Zero-fill fault-around (zero_fill.h "Zero-fill fault-around"): when a zero
   // fault continues a first-touch stream (right after the previous run when
   // ascending, right below it when descending), up to this many further
   // never-written blocks on the stream's side are mapped by the same ioctl
@@ -95,7 +95,7 @@ struct PagerConfig {
   // (false: its first write still costs a WP fault). Read faults always map
   // them write-protected and clean.
   bool zero_around_writable = true;
-  // Zero-fill chunks (pager.h "Zero-fill chunks"): a zero fault that
+  // Zero-fill chunks (zero_fill.h "Zero-fill chunks"): a zero fault that
   // continues no stream also maps the never-filled blocks of the aligned
   // chunk of this many blocks around it (Empty blocks no zero fill ever
   // mapped: freed or discarded memory is not mapped again), in the same

@@ -46,7 +46,7 @@
 // scan's demotions are runs of 64-80 blocks past the ceiling: on
 // BM_SeqScan (prefetch on, loopback) 450 MADV_DONTNEED calls for 29k
 // demotions instead of 1.2k (runs of 24 without the gap fills).
-// Measured with the prefetch installs below (bench/pager_bench.cc, old
+// Measured with the prefetch installs (prefetch_path.h; bench/pager_bench.cc, old
 // and new pager.h interleaved, two rounds, 2 cores at load average 5-7):
 //   BM_SeqScan loopback prefetch 1   0.094 0.141 -> 0.479 0.455 GB/s
 //   BM_SeqScan tcp      prefetch 1   0.052 0.140 -> 0.209 0.139 GB/s
@@ -297,7 +297,7 @@ size_t Pager<B>::demote_batch(size_t max, size_t* dropped) {
   // Blocks a confirmed stream mapped ahead (kPrefetched), still clean and
   // with a remote copy, leave without the victim cache: no copy, no slot,
   // straight back to Remote after the MADV_DONTNEED below ("Scan
-  // resistance" above). A write since would have made them dirty (they
+  // resistance" in prefetch_path.h). A write since would have made them dirty (they
   // were mapped write-protected), and one racing this demotion faults and
   // waits for it (Demoting) as for any other block.
   bool drop[kMaxBatch] = {};

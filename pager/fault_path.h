@@ -17,7 +17,7 @@
 //     above); concurrent faults on the block are parked in the kernel and
 //     woken by that one copy;
 //   * write to a clean (write-protected) block: WP fault -> dirty, unprotect
-//     (with WP_ASYNC, below: no fault at all, the kernel lets it through);
+//     (with WP_ASYNC, victim_move.h: no fault at all, the kernel lets it through);
 //   * victim-cache block (evicted but still local): UFFDIO_COPY from its slot
 //     (writable + dirty for a write fault, as above; a dirty block comes
 //     back writable whatever the fault: it is written back anyway).

@@ -55,7 +55,7 @@
 //      Empty: a never-written block reads as zeros again)
 //   s  evictor drops a clean block that a confirmed prefetch stream mapped
 //      ahead (kPrefetched on Present) and that has a remote copy, without
-//      passing it through the victim cache (scan resistance, pager.h)
+//      passing it through the victim cache (scan resistance, prefetch_path.h)
 //   x  failed I/O: a failed prefetch returns to Remote; a failed WRITE keeps
 //      the data in its slot (Victim, still dirty)
 //   D  discard (allocator purge): the block reads as zeros again; a pinned

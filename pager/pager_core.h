@@ -117,11 +117,11 @@ class Pager {
   // the kernel allow it).
   bool uses_move() const { return use_move_; }
   // True when dirty tracking uses UFFD_FEATURE_WP_ASYNC + PAGEMAP_SCAN
-  // (config.wp_async and the kernel allow it; see "WP_ASYNC" above).
+  // (config.wp_async and the kernel allow it; see "WP_ASYNC" in victim_move.h).
   bool uses_wp_async() const { return use_wp_async_; }
   // True when idle handlers wait in a blocking read() of the uffd
   // (config.blocking_read and the kernel allow it; see "Idle handlers block
-  // in read()").
+  // in read()" in fault_path.h).
   bool uses_blocking_read() const { return blocking_read_; }
 
   // Drops [addr, addr+len) (block-aligned): the range reads as zeros again,
@@ -129,7 +129,8 @@ class Pager {
   // waits for I/O in flight on those blocks.
   Status discard(void* addr, size_t len);
 
-  // Allocation-time zero fill (see "Allocation-time population" above):
+  // Allocation-time zero fill (see "Allocation-time population" in
+  // zero_fill.h):
   // maps the never-written (Empty) blocks among those holding a byte of
   // [addr, addr+len) as zeros now, on the calling (application) thread,
   // writable and dirty as a write fault's zero fill maps them, so that the
@@ -201,7 +202,7 @@ class Pager {
   // The pin limit: the low watermark minus a reserve of max(budget / 4, 16
   // blocks) for demand faults, the victim cache and prefetch.
   uint64_t pin_limit_bytes() const { return static_cast<uint64_t>(pin_limit_blocks_) * block_; }
-  // The victim cache's current target (see "Adaptive victim cache"): between
+  // The victim cache's current target (see "Adaptive victim cache" in evictor.h): between
   // victim_min_bytes() and config.victim_fraction of the budget.
   uint64_t victim_target_bytes() const {
     return victim_cur_.load(std::memory_order_relaxed) * block_;
@@ -250,7 +251,7 @@ class Pager {
   static constexpr uint32_t kRunMax = 32;
   // Most blocks one demote_batch() takes from the active list, and most gap
   // blocks it adds (fill_gaps()); more than 64 only for a scan's blocks
-  // dropped without the victim cache ("Scan resistance" above).
+  // dropped without the victim cache ("Scan resistance" in prefetch_path.h).
   static constexpr size_t kDemotePick = 256, kDemoteFill = 16;
   struct Inflight {
     uint32_t block = 0;
@@ -345,7 +346,7 @@ class Pager {
   // (then kicks the evictor when it is room that ran out); returns how many
   // of req were dealt with (posted or no longer remote).
   size_t post_prefetches(Handler& h, const PendingPrefetch* req, size_t n);
-  // Prefetch installs by run ("Prefetch installs" above): add_to_run() takes
+  // Prefetch installs by run ("Prefetch installs" in prefetch_path.h): add_to_run() takes
   // a landed prefetch of a confirmed stream (owned, Fetching, in slot) and
   // maps what was gathered first when b does not extend the run; flush_run()
   // maps the run with one UFFDIO_COPY. The handler loop flushes after each
@@ -360,7 +361,7 @@ class Pager {
   // Present: demote_batch() drops it clean without the victim cache).
   void install_mapped(uint32_t b, const void* src, bool write, uint32_t flags_keep, uint32_t n = 1,
                       bool ahead = false);
-  // Zero-fill fault-around (see "Zero-fill fault-around" above).
+  // Zero-fill fault-around (see "Zero-fill fault-around" in zero_fill.h).
   // After the zero fault on b (owned, Fetching): how many blocks next to b
   // to map with it (the stream's window; after b for an ascending stream,
   // below b for a descending one), and takes them (Empty -> Fetching,
@@ -372,7 +373,7 @@ class Pager {
   // faulting block, is first or first + n - 1; b writable and dirty for a
   // write fault, the others as config.zero_around_writable says.
   void install_zero_run(uint32_t first, uint32_t n, uint32_t b, bool write);
-  // Zero-fill chunks (see "Zero-fill chunks" above). After a zero fault on
+  // Zero-fill chunks (see "Zero-fill chunks" in zero_fill.h). After a zero fault on
   // b (owned, Fetching, budget reserved) that continues no stream: takes
   // the Empty blocks of b's aligned chunk that no zero fill ever mapped
   // (Empty -> Fetching, budget from the headroom below high) and maps them
@@ -549,7 +550,8 @@ class Pager {
   std::atomic<bool> stop_{false};
   int stop_fd_ = -1;
 
-  // Idle handlers block in read() (see the comment above handler_main()).
+  // Idle handlers block in read() (see the comment above handler_main() in
+  // fault_path.h).
   // blocking_read_: the uffd is blocking and preadv2(RWF_NOWAIT) works.
   // The doorbell: one page registered with the uffd outside the region; a
   // fault on it (doorbell_main(), asked by ring_doorbell()) is the only way

@@ -76,7 +76,7 @@ Status Pager<B>::init() {
                                                               cfg_.writeback_batch / 2));
   // A scan's window: wide enough that a confirmed stream's fault (one per
   // window) and its hand-offs are paid over many blocks, narrow enough that
-  // a window is a small share of the budget ("Prefetch windows" above).
+  // a window is a small share of the budget ("Prefetch windows" in prefetch_path.h).
   cfg_.prefetch_max_window = static_cast<uint32_t>(
       std::min<int64_t>(cfg_.prefetch_max_window, std::max<int64_t>(32, budget_blocks_ / 16)));
   victim_target_ =

@@ -39,7 +39,7 @@ SimResult simulate_lru(const std::vector<uint32_t>& trace, uint32_t items, size_
 SimResult simulate_victim_fifo(const std::vector<uint32_t>& trace, uint32_t items, size_t capacity,
                                double victim_fraction);
 
-// The pager's adaptive victim cache (pager.h "Adaptive victim cache"): the
+// The pager's adaptive victim cache (evictor.h "Adaptive victim cache"): the
 // same policy, but the victim share moves between min_victims and
 // max_fraction * capacity, one step per epoch of kVictimEpochFaults faults
 // (victim + remote) by adapt_victim_target(). victims_out (optional) gets

@@ -98,7 +98,7 @@ inline int latency_bucket(uint64_t ns) {
 // path), on lines no other thread writes, bumped by that thread alone with
 // a relaxed load and store (no locked instruction); stats() adds them to
 // the shared counters, so that every total stays exact. Measured in the
-// "Fault-path cost" comment of pager/pager.h.
+// "Fault-path cost" comment of pager/fault_path.h.
 struct alignas(64) HandlerCounters {
   std::atomic<uint64_t> faults_remote{0}, reads{0}, bytes_read{0};
   std::atomic<uint64_t> latency[LatencyHistogram::kBuckets]{};

@@ -125,7 +125,7 @@ Result<Uffd> Uffd::open(bool wp_async) {
   want.features = UFFD_FEATURE_PAGEFAULT_FLAG_WP |
                   (f.exact_address ? UFFD_FEATURE_EXACT_ADDRESS : 0) | (f.move ? kFeatureMove : 0) |
                   (wp_async && f.wp_async && f.move ? kFeatureWpAsync : 0);
-  u.wp_async_ = wp_async && f.wp_async && f.move;  // demotion needs UFFDIO_MOVE (pager.h)
+  u.wp_async_ = wp_async && f.wp_async && f.move;  // demotion needs UFFDIO_MOVE (victim_move.h)
   if (f.event_fork) {
     // Fork snapshots (invariant 8). The kernel refuses the bit with EPERM
     // without CAP_SYS_PTRACE; a refused UFFDIO_API leaves the descriptor

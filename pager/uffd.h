@@ -101,7 +101,7 @@ class Uffd {
   Errc write_protect(void* addr, size_t len, bool protect, int* err = nullptr) noexcept;
   Errc wake(void* addr, size_t len) noexcept;
 
-  // Blocking reads (pager.h "Idle handlers block in read()"). The descriptor
+  // Blocking reads (fault_path.h "Idle handlers block in read()"). The descriptor
   // is opened non-blocking. enable_blocking_reads() makes read() wait for a
   // message, but only when a reader can still ask without waiting: preadv2
   // with RWF_NOWAIT, which a userfaultfd honours from Linux 6.10 (read_iter
