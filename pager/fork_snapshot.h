@@ -7,7 +7,12 @@
 //   pid_t pid = fork();
 //   if (pid == 0) pager.fork_child(); else pager.fork_parent();  // failed fork too
 //
-// How (the pager side is Pager::prepare_fork in pager.h):
+// The caller is the pager (Pager::prepare_fork / fork_parent, in
+// pager/fork_path.h). The dependency is one way: the pager includes this
+// file and calls ForkSupport; this file includes no pager header and calls
+// nothing of the pager (what it needs comes in Env).
+//
+// How:
 //   * The uffd has UFFD_FEATURE_EVENT_FORK (pager/uffd.h). At a fork the
 //     kernel keeps the child's copy of the region registered (MISSING + WP,
 //     uffd-wp bits kept) with a new descriptor, delivered to the PARENT as a
