@@ -330,7 +330,11 @@ std::vector<std::string> stats_socket_candidates(pid_t pid) {
   std::string proc = "/proc/" + std::to_string(pid);
   if (pid <= 0 || stat(proc.c_str(), &st) != 0) return out;
   const uid_t uid = st.st_uid;  // /proc/PID is owned by the process's effective uid
-  const std::string name = "/" + std::to_string(pid) + ".sock";
+  // Appended, not "/" + std::to_string(pid): gcc 12 -O3 reports a false
+  // -Wrestrict on operator+(const char*, string&&) (GCC PR 105329).
+  std::string name = "/";
+  name += std::to_string(pid);
+  name += ".sock";
   auto add = [&](std::string p) {
     for (const auto& o : out)
       if (o == p) return;

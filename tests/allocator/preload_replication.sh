@@ -4,7 +4,19 @@
 # runs. Its stdout must be byte-identical to a run without farmem, and far
 # memory must really have been used (dirty evictions, remote faults).
 #
-#   preload_replication.sh --local-mem 16M [--kill-after SECONDS] -- prog args...
+#   preload_replication.sh --local-mem 16M -- prog args...
+#
+# The kill happens at a point the program reports, not after a delay (which
+# a fast machine outran): the far run gets PRELOAD_SYNC_DIR=<its work dir>;
+# the program creates $PRELOAD_SYNC_DIR/ready once it has written its data
+# (most of it evicted to the donors, two replicas each) and waits for
+# $PRELOAD_SYNC_DIR/go. The script then SIGKILLs donor 1, waits until it is
+# dead, creates go, and the program reads its data back: whatever was on
+# donor 1 comes from the other replica. Before it exits the program creates
+# done and waits for exit, which the script creates once the runtime has
+# logged the dead donor (the failure detector probes every 200 ms): that
+# check does not depend on the program running long enough either. The
+# program must honour this (tests/allocator/workloads/structures.py does).
 #
 # Environment (set by ctest): FARMEMD, FARMEM_PRELOAD_LIB.
 set -euo pipefail
@@ -12,11 +24,10 @@ exec </dev/null
 source "$(dirname "${BASH_SOURCE[0]}")/preload_lib.sh"
 
 LOCAL_MEM=16M
-KILL_AFTER=1
+READY_TIMEOUT=150  # seconds for the program to reach each reported point (ctest: 180)
 while [[ $# -gt 0 ]]; do
   case $1 in
     --local-mem) LOCAL_MEM=$2; shift 2 ;;
-    --kill-after) KILL_AFTER=$2; shift 2 ;;
     --) shift; break ;;
     *) echo "preload_replication: unknown option $1" >&2; exit 2 ;;
   esac
@@ -32,21 +43,46 @@ for i in 0 1 2; do
   SERVERS+="${SERVERS:+,}127.0.0.1:$PORT"
 done
 
-echo "== $* (local budget $LOCAL_MEM, donors $SERVERS, 2 replicas, one SIGKILLed after ${KILL_AFTER}s)"
+echo "== $* (local budget $LOCAL_MEM, donors $SERVERS, 2 replicas, one SIGKILLed once the program wrote its data)"
 "$@" > out.ref
 LD_PRELOAD=$FARMEM_PRELOAD_LIB FARMEM_SERVERS=$SERVERS FARMEM_REPLICAS=2 \
   FARMEM_TOKEN_FILE=$WORK/token FARMEM_LOCAL_MEM=$LOCAL_MEM FARMEM_STATS=1 \
-  "$@" > out.far 2> err.far &
+  PRELOAD_SYNC_DIR=$WORK "$@" > out.far 2> err.far &
 PROG=$!
-sleep "$KILL_AFTER"
-if ! kill -0 "$PROG" 2>/dev/null; then
-  wait "$PROG" || true
-  cat err.far >&2
-  echo "FAIL: the program finished before the donor could be killed; raise its work or lower --kill-after" >&2
-  exit 1
-fi
+# wait_for FILE WHAT: until the program creates FILE; FAIL when it exits
+# first or takes longer than READY_TIMEOUT.
+wait_for() {
+  local waited=0 rc=0
+  while [[ ! -e $1 ]]; do
+    if ! kill -0 "$PROG" 2>/dev/null; then
+      wait "$PROG" || rc=$?
+      cat err.far >&2
+      echo "FAIL: the program exited (status $rc) before it reported $2 ($WORK/$1); does it honour PRELOAD_SYNC_DIR?" >&2
+      exit 1
+    fi
+    if ((waited >= READY_TIMEOUT * 20)); then
+      kill -KILL "$PROG" 2>/dev/null || true
+      cat err.far >&2
+      echo "FAIL: the program did not report $2 within ${READY_TIMEOUT}s" >&2
+      exit 1
+    fi
+    sleep 0.05
+    waited=$((waited + 1))
+  done
+}
+wait_for ready "its data written"
 kill -KILL "${DAEMONS[1]}"
-echo "SIGKILLed donor 1 (pid ${DAEMONS[1]}) while the program ran"
+{ wait "${DAEMONS[1]}"; } 2>/dev/null || true  # reaped: the donor is gone before the program goes on
+touch go
+echo "SIGKILLed donor 1 (pid ${DAEMONS[1]}) after the program wrote its data; it reads it back now"
+wait_for done "its work done"
+# The runtime must notice the dead donor (fault path or health check) while
+# the process lives; it probes every 200 ms, so 30 s is only a bound.
+for _ in $(seq 1 600); do
+  grep -q 'a donor failed' err.far && break
+  sleep 0.05
+done
+touch exit
 rc=0
 wait "$PROG" || rc=$?
 if [[ $rc -ne 0 ]]; then

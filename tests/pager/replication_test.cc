@@ -190,23 +190,49 @@ TEST(ReplicationTest, BlockStaysLocalUntilEveryReplicaStoredIt) {
   std::atomic<bool> hold{true};
   std::atomic<uint64_t> held{0};
   rig.mem[1]->set_faults(verdict_while(IoKind::kWrite, hold, held, {LoopbackVerdict::kDefer}));
+  std::thread toucher;
+  // On every way out, a failed ASSERT included: release the held WRITEs,
+  // join the toucher (a joinable std::thread would abort the whole run) and
+  // drop the hook before `hold` and `held` go.
+  struct Release {
+    std::atomic<bool>& hold;
+    std::thread& t;
+    LoopbackDonor& donor;
+    ~Release() {
+      hold = false;
+      if (t.joinable()) t.join();
+      donor.set_faults({});
+    }
+  } release{hold, toucher, *rig.mem[1]};
   std::vector<uint8_t> page(kPage);
   fill_page(page.data(), 0, 9);
   memcpy(mem, page.data(), kPage);
-  std::thread toucher([&] {
+  // The block must be the oldest on the active list, hence the evictor's
+  // first dirty write-back. Its fault's UFFDIO_COPY woke this thread before
+  // the handler put it on the active list (then Present): wait for that.
+  // Otherwise, with the handler preempted in between (ctest -j2), the
+  // toucher's first blocks are listed before it, the first of them to be
+  // written back has its WRITE held, the evictor waits for it, and this
+  // block never reaches Writing.
+  ASSERT_TRUE(wait_until([&] { return p.state_of(mem) == PageState::kPresent; }))
+      << page_state_name(p.state_of(mem));
+  toucher = std::thread([&] {
     for (size_t pg = 1000; pg < 1400; ++pg) mem[pg * kPage] = 1;
   });
   // The first block reaches Writing (or its held write keeps it there) and
-  // never becomes Remote while the second replica's WRITE is held.
-  ASSERT_TRUE(wait_until([&] { return p.state_of(mem) == PageState::kWriting; }));
+  // never becomes Remote while the second replica's WRITE is held. (The
+  // waits are bounds for a loaded machine, not delays.)
+  ASSERT_TRUE(wait_until([&] { return p.state_of(mem) == PageState::kWriting; }, 30000))
+      << page_state_name(p.state_of(mem));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_EQ(p.state_of(mem), PageState::kWriting);
   EXPECT_GE(rig.mem[0]->writes(), 1u);
+  EXPECT_GE(held.load(), 1u);
   hold = false;
   toucher.join();
-  ASSERT_TRUE(wait_until([&] { return p.state_of(mem) == PageState::kRemote; }));
+  ASSERT_TRUE(wait_until([&] { return p.state_of(mem) == PageState::kRemote; }, 30000))
+      << page_state_name(p.state_of(mem));
   EXPECT_EQ(memcmp(mem, page.data(), kPage), 0);
-  rig.mem[1]->set_faults({});
 }
 
 // Placement: every extent's replicas sit on distinct donors, and new space

@@ -195,16 +195,22 @@ class LatHist {
     }
     return static_cast<double>(lower(kBuckets));
   }
-  // [[upper_bound_ns, count], ...] of the non-empty buckets.
+  // [[upper_bound_ns, count], ...] of the non-empty buckets. Appended piece
+  // by piece: `"[" + std::to_string(x)` (operator+(const char*, string&&))
+  // trips gcc 12's -Wrestrict at -O3, a false positive (GCC PR 105329).
   std::string to_json() const {
     std::string s = "[";
     for (int i = 0; i < kBuckets; ++i) {
       if (counts_[static_cast<size_t>(i)] == 0) continue;
-      if (s.size() > 1) s += ",";
-      s += "[" + std::to_string(lower(i + 1)) + "," +
-           std::to_string(counts_[static_cast<size_t>(i)]) + "]";
+      if (s.size() > 1) s += ',';
+      s += '[';
+      s += std::to_string(lower(i + 1));
+      s += ',';
+      s += std::to_string(counts_[static_cast<size_t>(i)]);
+      s += ']';
     }
-    return s + "]";
+    s += ']';
+    return s;
   }
 
  private:
