@@ -10,10 +10,12 @@
 
 // Options of the private jemalloc copy (a strong definition overrides the
 // archive's weak one). Nothing uses its automatic arenas but its own
-// bookkeeping: one is enough; thread caches are bypassed (far_heap.h).
+// bookkeeping: one is enough. Thread caches are on, but only a heap with
+// FarHeapOptions::thread_cache uses them (far_heap.h); every other heap
+// passes MALLOCX_TCACHE_NONE.
 extern "C" {
 extern const char* farmem_je_malloc_conf;
-const char* farmem_je_malloc_conf = "narenas:1,tcache:false,background_thread:false";
+const char* farmem_je_malloc_conf = "narenas:1,tcache:true,background_thread:false";
 }
 
 namespace farmem {
@@ -44,7 +46,8 @@ Status FarHeap::init() {
                       strerror(err));
   }
   have_arena_ = true;
-  flags_ = MALLOCX_ARENA(arena_) | MALLOCX_TCACHE_NONE;
+  flags_ = MALLOCX_ARENA(arena_) | (opts_.thread_cache ? 0 : MALLOCX_TCACHE_NONE);
+  free_flags_ = opts_.thread_cache ? 0 : MALLOCX_TCACHE_NONE;
   char name[64];
   const uint64_t budget = backing_->budget_bytes();
   if (opts_.purge_at > 0 && opts_.purge_at <= 1 && budget > 0) {
@@ -69,6 +72,7 @@ Status FarHeap::init() {
 FarHeap::~FarHeap() {
   if (!have_arena_) return;
   LocalScope local;
+  flush_thread_cache();  // thread_cache: cached objects of the arena go back first
   char name[64];
   snprintf(name, sizeof name, "arena.%u.destroy", arena_);
   int err = farmem_je_mallctl(name, nullptr, nullptr, nullptr, 0);
@@ -120,7 +124,13 @@ void* FarHeap::realloc(void* ptr, size_t size) noexcept {
 }
 
 void FarHeap::free_raw(void* ptr) noexcept {
-  farmem_je_dallocx(ptr, MALLOCX_TCACHE_NONE);
+  farmem_je_dallocx(ptr, free_flags_);
+}
+
+void FarHeap::flush_thread_cache() noexcept {
+  if (!opts_.thread_cache) return;
+  LocalScope local;
+  (void)farmem_je_mallctl("thread.tcache.flush", nullptr, nullptr, nullptr, 0);
 }
 
 // Runs on an application thread right after a far allocation or free

@@ -5,10 +5,26 @@
 //   (*heap)->free(p);
 //
 // Data-path calls are noexcept, never allocate locally and return nullptr
-// (not an exception) when the region is exhausted. jemalloc's thread caches
-// are bypassed (MALLOCX_TCACHE_NONE): a thread cache is shared by every
-// arena a thread uses and could hand a far object to a local caller or the
-// reverse; without it every object provably comes from this arena.
+// (not an exception) when the region is exhausted.
+//
+// Thread caches (FarHeapOptions::thread_cache). By default jemalloc's
+// thread caches are bypassed (MALLOCX_TCACHE_NONE): a thread's automatic
+// cache is shared by every arena the thread uses and could hand an object
+// of one arena to a caller of another; without it every object provably
+// comes from this arena, and the heap can be destroyed at any time. With
+// thread_cache on, allocations and frees use the calling thread's automatic
+// cache of the private jemalloc copy (small and large classes up to
+// jemalloc's tcache_max, 32 KiB): a malloc/free pair is a pop and a push on
+// a thread-local stack, no arena lock. That is only correct when this heap
+// is the only user of those caches in the process: one heap with
+// thread_cache on at a time, and nothing else calling the private jemalloc
+// with its automatic cache (flags without MALLOCX_TCACHE_NONE) on the
+// threads that use the heap. The preload library has exactly one heap and
+// never destroys it; FarRuntime sets it from FarOptions::thread_cache
+// (only the preload library turns it on). Destroying such a heap flushes
+// the destroying thread's cache; other threads that used the heap must have
+// exited (jemalloc flushes a thread's cache when it exits) or called
+// flush_thread_cache() first.
 //
 // Purging freed pages: jemalloc keeps freed pages "dirty" (resident,
 // counted in the budget) and later purges them through the hooks, and the
@@ -56,6 +72,8 @@ struct FarHeapOptions {
   // allocation (from its start; of a realloc, from the old end) are mapped
   // as zeros when it is made, where never written. 0: off.
   size_t populate_max = 0;
+  // Use jemalloc's per-thread caches (see above); false: MALLOCX_TCACHE_NONE.
+  bool thread_cache = false;
 };
 
 class FarHeap {
@@ -101,6 +119,10 @@ class FarHeap {
   Stats stats() const;  // control path: refreshes jemalloc's statistics epoch
   // Purges every unused dirty page now (tests, fm_evict of free space).
   void purge() noexcept;
+  // Returns what the calling thread's cache holds to the arena (thread_cache
+  // only; a no-op otherwise).
+  void flush_thread_cache() noexcept;
+  bool thread_cache() const { return opts_.thread_cache; }
 
  private:
   FarHeap(FarBacking* b, const FarHeapOptions& o);
@@ -118,8 +140,12 @@ class FarHeap {
   }
   void set_pressure(bool on) noexcept;
   // Allocation-time zero fill of the first populate_max bytes of [p, p+n).
+  // Small objects (below kPopulateMin) are left alone: they share slabs,
+  // whose pages the fault path's zero-fill chunk maps (FARMEM_ZERO_CHUNK),
+  // and a call into the pager per small malloc would cost more than it saves.
+  static constexpr size_t kPopulateMin = 16 << 10;
   void populate(void* p, size_t n) noexcept {
-    if (opts_.populate_max == 0 || p == nullptr) return;
+    if (opts_.populate_max == 0 || n < kPopulateMin || p == nullptr) return;
     const size_t got = backing_->populate_zero(p, n < opts_.populate_max ? n : opts_.populate_max);
     if (got != 0) populated_.fetch_add(got, std::memory_order_relaxed);
   }
@@ -131,7 +157,8 @@ class FarHeap {
   std::unique_ptr<ExtentSpace> space_;
   unsigned arena_ = 0;
   bool have_arena_ = false;
-  int flags_ = 0;             // MALLOCX_ARENA | MALLOCX_TCACHE_NONE
+  int flags_ = 0;             // MALLOCX_ARENA [| MALLOCX_TCACHE_NONE]
+  int free_flags_ = 0;        // 0 (the thread's cache) or MALLOCX_TCACHE_NONE
   uint64_t pressure_hi_ = 0;  // resident bytes that switch purging on; 0: no gating
   uint64_t pressure_lo_ = 0;  // ... and off again
   std::atomic<bool> pressured_{false};

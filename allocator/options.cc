@@ -21,26 +21,26 @@ constexpr EnvVar kEnv[] = {
      "file holding the donors' shared token; unset = no token (insecure donors only)"},
     {"FARMEM_LOCAL_MEM", "256M",
      "local budget for far pages resident in this process: bytes (2G) or % of RAM (25%)"},
-    // FARMEM_MIN_FAR = 16K, by measurement (bench/alloc_bench.cc, BM_*Touch:
-    // 64 x malloc + memset + free, loopback far heap, 2 loaded cores, median
-    // of 5; items/s glibc vs far heap): 1K 21.4M vs 5.6M (far 3.8x slower),
-    // 2K 17.8M vs 3.9M (4.6x), 4K 10.7M vs 4.5M (2.4x), 8K 7.2M vs 3.3M,
-    // 12K 5.3M vs 2.7M, 16K 4.2M vs 1.9M, 24K 3.0M vs 1.4M (2.1x to 2.2x):
-    // a far allocation has a fixed extra cost of about 130-370 ns (the far
-    // arena bypasses jemalloc's thread cache and takes its lock, see
-    // far_heap.h), which is most of the price of a small object and little
-    // next to filling 16K. Throughput alone does not separate 4K from 16K;
-    // fragmentation does: below 16K (jemalloc's largest small class is 14K
-    // with 4K pages) objects of different lifetimes share slabs, so a far
-    // 4K block with one live object among freed ones keeps its budget and
-    // remote space and is faulted back in for that one object; from 16K up
-    // every allocation is its own page-aligned extent, freed and purged as
-    // whole pages, that the pager evicts on its own. Above 16K nothing is
-    // gained (the ratio stays ~2x) while more of the heap could not be
-    // evicted. Sizes 32K+ also show jemalloc's decay purging a reused
-    // working set (then refaulted through the pager): FARMEM_DECAY_MS.
-    {"FARMEM_MIN_FAR", "16K",
-     "preload: allocations smaller than this stay in local memory (glibc); 0 = all far"},
+    // FARMEM_MIN_FAR = 0 (every size far), by measurement. With jemalloc's
+    // thread caches on the far arena (FarHeapOptions::thread_cache, the
+    // preload library's heap) a small far malloc/free pair costs about
+    // what glibc's does: bench/alloc_bench.cc BM_*Small (64 x malloc +
+    // 1-byte write, 64 x free; 1 thread; 2 cores at load 5.3-6.9, median of
+    // 3; items/s glibc / far without thread cache / far with it): 16 B
+    // 107.8M / 23.4M / 72.9M, 64 B 106.9M / 21.3M / 71.9M, 256 B
+    // 58.5M / 19.9M / 44.6M, 1K 66.3M / 13.6M / 20.5M (the 1K bin caches
+    // 32 objects, fewer than the batch of 64). The far heap without caches
+    // (the old 130-370 ns per object, an arena lock each) was why 16K used
+    // to be the default. bench/preload_overhead.sh with every size far,
+    // load 7-8: python3 CPU time ratio 0.966, mt_workload 1.000. Small
+    // objects then share far pages: a page stays resident while one of its
+    // objects is hot, and the pager's replacement, not a size threshold,
+    // decides what leaves. A threshold keeps whatever is below it local and
+    // unbounded: perl's 2M-key hash or python's dicts never left local
+    // memory with 16K.
+    {"FARMEM_MIN_FAR", "0",
+     "preload: allocations smaller than this stay in local memory (glibc); 0 = every size is "
+     "far (small objects share far pages that stay resident while hot)"},
     {"FARMEM_STATS", "0", "preload: 1 prints a summary of far-memory use on stderr at exit"},
     {"FARMEM_STATS_SOCKET", "1",
      "1 serves live statistics on a private Unix socket ($XDG_RUNTIME_DIR/farmem/PID.sock or "

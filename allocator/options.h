@@ -44,9 +44,14 @@ struct FarOptions {
   // never written (FARMEM_POPULATE_MAX; FarHeapOptions::populate_max); 0: off.
   uint64_t populate_max = 256 << 10;
   int connect_timeout_ms = 3000;
+  // Use jemalloc's thread caches on the far arena (FarHeapOptions::
+  // thread_cache: correct only for the one heap of a process that is never
+  // destroyed while other threads used it). The preload library sets it;
+  // the C API (fm_init / fm_shutdown) leaves it off.
+  bool thread_cache = false;
   // Preload library only.
-  uint64_t min_far = 16 << 10;  // smaller allocations stay local
-  bool stats = false;           // summary on stderr at exit
+  uint64_t min_far = 0;  // smaller allocations stay local (0: every size is far)
+  bool stats = false;    // summary on stderr at exit
   NoDonorPolicy on_no_donor = NoDonorPolicy::kFail;
   // A Unix socket with live statistics for `farmemctl stats PID`
   // (FARMEM_STATS_SOCKET; fm_init with a config reads the variable too).

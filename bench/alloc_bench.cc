@@ -64,6 +64,29 @@ farmem::FarRuntime* runtime() {
   return rt.get();
 }
 
+// The preload library's heap: jemalloc's thread caches on the far arena
+// (FarOptions::thread_cache). Its own runtime: a process may have one such
+// heap only (far_heap.h), and BM_Jemalloc's default arena uses the same
+// automatic caches, so each benchmark using it flushes its thread's cache
+// before and after.
+farmem::FarRuntime* cached_runtime() {
+  static std::unique_ptr<farmem::FarRuntime> rt = [] {
+    farmem::FarOptions o;
+    o.transport = farmem::FarTransport::kLoopback;
+    o.loopback_capacity = 512ull << 20;
+    o.pager.local_budget = 256ull << 20;
+    o.thread_cache = true;
+    o.stats_socket = false;
+    auto r = farmem::FarRuntime::start(o);
+    return r.ok() ? std::move(*r) : nullptr;
+  }();
+  return rt.get();
+}
+
+void flush_tcache() {
+  (void)farmem_je_mallctl("thread.tcache.flush", nullptr, nullptr, nullptr, 0);
+}
+
 // Allocate a batch of 64 blocks, touch one byte each (touch_all: write
 // every byte, as a program filling a buffer does), free them.
 template <class Alloc, class Free>
@@ -109,6 +132,33 @@ void BM_FarHeap(benchmark::State& state) {
       state, [h](size_t n) { return h->alloc(n); }, [h](void* q) { h->free(q); });
 }
 
+void BM_FarHeapCached(benchmark::State& state) {
+  if (!farmem::Uffd::unavailable_reason().empty() || cached_runtime() == nullptr) {
+    state.SkipWithError("userfaultfd / loopback runtime unavailable");
+    return;
+  }
+  farmem::FarHeap* h = &cached_runtime()->heap();
+  flush_tcache();
+  churn(
+      state, [h](size_t n) { return h->alloc(n); }, [h](void* q) { h->free(q); });
+  flush_tcache();
+}
+
+// Small objects, as a program's heap is mostly made of (python's dicts and
+// strings, perl's SVs, sqlite's rows): the FARMEM_MIN_FAR = 0 measurement.
+// BM_XSmall: 64 x (malloc, write 1 byte), 64 x free of one size; the far
+// heap without (FarHeap) and with (FarHeapCached) jemalloc's thread caches.
+BENCHMARK(BM_Glibc)->Name("BM_GlibcSmall")->Arg(16)->Arg(64)->Arg(256)->Arg(1024)->Threads(1);
+BENCHMARK(BM_FarHeap)->Name("BM_FarHeapSmall")->Arg(16)->Arg(64)->Arg(256)->Arg(1024)->Threads(1);
+BENCHMARK(BM_FarHeapCached)
+    ->Name("BM_FarHeapCachedSmall")
+    ->Arg(16)
+    ->Arg(64)
+    ->Arg(256)
+    ->Arg(1024)
+    ->Threads(1)
+    ->Threads(2);
+
 // Touch-and-free (every byte written): the FARMEM_MIN_FAR measurement.
 void BM_GlibcTouch(benchmark::State& state) {
   churn(
@@ -147,6 +197,7 @@ void BM_FarHeapTouch(benchmark::State& state) {
 BENCHMARK(BM_Glibc)->SIZES;
 BENCHMARK(BM_Jemalloc)->SIZES;
 BENCHMARK(BM_FarHeap)->SIZES;  // runtime() is a function-local static: thread-safe
+BENCHMARK(BM_FarHeapCached)->SIZES;
 
 // 1K .. 256K, one thread: where far stops costing more than local.
 #define TOUCH_SIZES \

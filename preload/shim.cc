@@ -3,27 +3,38 @@
 //   export FARMEM_SERVERS=10.0.0.5:7400 FARMEM_TOKEN_FILE=/etc/farmem/token
 //   LD_PRELOAD=libfarmem_preload.so FARMEM_LOCAL_MEM=2G FARMEM_STATS=1 app
 //
-// Routing. An allocation of at least FARMEM_MIN_FAR bytes made by an
-// application thread goes to the far heap; everything else goes to glibc
-// (__libc_malloc & co.), so local behaviour is exactly an unmodified
-// program's. free/realloc/malloc_usable_size route by address: one
-// subtraction and compare against the far region. A large allocation the
-// far region cannot hold falls back to glibc (counted in the statistics).
+// Routing. Once the runtime runs, every allocation of at least
+// FARMEM_MIN_FAR bytes (default 0: every size) made by an application
+// thread goes to the far heap; allocations made in a LocalScope (the
+// runtime's own threads and set-up, invariant 3) go to glibc (__libc_malloc
+// & co.), as do those made before the runtime started. Small objects share
+// far pages that stay resident while they are hot: the pager's replacement
+// decides what leaves, not a size threshold. The far heap uses jemalloc's
+// thread caches (FarHeapOptions::thread_cache: a malloc/free pair is a
+// thread-local pop and push), so a small far malloc costs about what
+// glibc's does (bench/alloc_bench.cc, BM_*Small). free/realloc/
+// malloc_usable_size route by address: one subtraction and compare against
+// the far region. An allocation the far region cannot hold falls back to
+// glibc (counted in the statistics).
 //
 // Life cycle (one state word):
 //
-//   state     entered when                      large allocations go
+//   state     entered when                      allocations go
 //   --------  --------------------------------  -----------------------------
 //   kBoot     process start (before our ctor)    local (also dlsym recursion)
-//   kArmed    ctor parsed FARMEM_* successfully  first one starts the runtime
+//   kArmed    ctor parsed FARMEM_* successfully  local; the start trigger
+//                                                below starts the runtime
 //   kStarting one thread is starting it          local (others never wait)
-//   kReady    runtime running                    far
+//   kReady    runtime running                    far (>= FARMEM_MIN_FAR)
 //   kOff      start failed with ON_NO_DONOR=local, local
 //             or in a fork()ed child
 //
-// Start-up is lazy, on the first large allocation: a program that never
-// makes one never connects to a donor or starts a thread ("allocates
-// little, pays little"). It runs in a LocalScope, so the runtime's own
+// Start-up is lazy: the first allocation of at least kStartMin (16 KiB, or
+// FARMEM_MIN_FAR when larger) starts the runtime, or a thread's kStartBytes
+// (1 MiB) of smaller ones: a program that allocates little never connects
+// to a donor or starts a thread ("allocates little, pays little"); what was
+// allocated before stays local (at most about kStartBytes per thread plus
+// the program's start-up). It runs in a LocalScope, so the runtime's own
 // memory is local; threads created meanwhile (pager handlers, evictor,
 // heartbeat) are marked local for life by the pthread_create wrapper
 // below (invariant 3). When no donor can be reached: FARMEM_ON_NO_DONOR=
@@ -95,7 +106,13 @@ using farmem::FarHeap;
 enum State : int { kBoot, kArmed, kStarting, kReady, kOff };
 
 std::atomic<int> g_state{kBoot};
-std::atomic<size_t> g_min_far{SIZE_MAX};  // SIZE_MAX until the ctor: all local
+// The smallest allocation that takes the far path (far_alloc): SIZE_MAX
+// until the ctor and in kOff (all local), max(FARMEM_MIN_FAR, kStartMin)
+// while kArmed (the far path starts the runtime), FARMEM_MIN_FAR in kReady.
+std::atomic<size_t> g_min_far{SIZE_MAX};
+constexpr size_t kStartMin = 16 << 10;
+constexpr size_t kStartBytes = 1 << 20;
+__thread size_t t_armed_bytes __attribute__((tls_model("initial-exec"))) = 0;
 std::atomic<uintptr_t> g_base{0};
 std::atomic<uintptr_t> g_size{0};  // 0: nothing is far
 std::atomic<FarHeap*> g_heap{nullptr};
@@ -161,6 +178,7 @@ __attribute__((noinline)) void start_runtime() {
     g_base.store(reinterpret_cast<uintptr_t>(rt->backing().base()), std::memory_order_release);
     g_size.store(rt->backing().size(), std::memory_order_release);
     g_state.store(kReady, std::memory_order_release);
+    g_min_far.store(g_opts->min_far, std::memory_order_relaxed);
     FARMEM_LOG(kDebug, "preload: far memory ready: %s", rt->describe().c_str());
     return;
   }
@@ -168,6 +186,7 @@ __attribute__((noinline)) void start_runtime() {
     FARMEM_LOG(kWarn,
                "preload: far memory unavailable, running all-local (FARMEM_ON_NO_DONOR=local): %s",
                st.to_string().c_str());
+    g_min_far.store(SIZE_MAX, std::memory_order_relaxed);
     g_state.store(kOff, std::memory_order_release);
     return;
   }
@@ -204,6 +223,18 @@ __attribute__((noinline)) void* far_alloc(size_t n, size_t align, bool zero) {
     return p;
   }
   return zero ? __libc_calloc(1, n) : __libc_malloc(n);
+}
+
+// The start trigger's second half (see Life cycle): a local allocation made
+// while kArmed counts towards kStartBytes on its thread.
+__attribute__((noinline)) void note_armed(size_t n) {
+  if (farmem::in_local_scope()) return;
+  t_armed_bytes += n;
+  if (t_armed_bytes >= kStartBytes) (void)far_heap();
+}
+
+inline void count_local(size_t n) {
+  if (__builtin_expect(g_state.load(std::memory_order_relaxed) == kArmed, 0)) note_armed(n);
 }
 
 void* aligned_impl(size_t align, size_t n) {
@@ -271,6 +302,7 @@ void on_fork_child() {
   g_fork_child = true;
   int s = g_state.load(std::memory_order_relaxed);
   if (s != kBoot) g_state.store(kOff, std::memory_order_relaxed);
+  g_min_far.store(SIZE_MAX, std::memory_order_relaxed);
   if (b != nullptr) b->fork_child();
 }
 
@@ -326,7 +358,11 @@ __attribute__((constructor)) void preload_init() {
     if (fd >= 0) g_err_fd = fd;
   }
   pthread_atfork(&on_fork_prepare, &on_fork_parent, &on_fork_child);
-  g_min_far.store(g_opts->min_far, std::memory_order_relaxed);
+  // The preload heap is the process's only one and is never destroyed: it
+  // may use jemalloc's thread caches (far_heap.h).
+  g_opts->thread_cache = true;
+  g_min_far.store(g_opts->min_far > kStartMin ? g_opts->min_far : kStartMin,
+                  std::memory_order_relaxed);
   g_state.store(kArmed, std::memory_order_release);
 }
 
@@ -347,8 +383,9 @@ __attribute__((destructor)) void preload_fini() {
 // ---- the interposed functions -------------------------------------------------
 
 FARMEM_EXPORT void* malloc(size_t n) noexcept {
-  if (!wants_far(n)) return __libc_malloc(n);
-  return far_alloc(n, 0, false);
+  if (__builtin_expect(wants_far(n), 1)) return far_alloc(n, 0, false);
+  count_local(n);
+  return __libc_malloc(n);
 }
 
 FARMEM_EXPORT void free(void* p) noexcept {
@@ -365,8 +402,9 @@ FARMEM_EXPORT void* calloc(size_t count, size_t size) noexcept {
     errno = ENOMEM;
     return nullptr;
   }
-  if (!wants_far(n)) return __libc_calloc(count, size);
-  return far_alloc(n, 0, true);
+  if (__builtin_expect(wants_far(n), 1)) return far_alloc(n, 0, true);
+  count_local(n);
+  return __libc_calloc(count, size);
 }
 
 FARMEM_EXPORT void* realloc(void* p, size_t n) noexcept {
@@ -388,8 +426,12 @@ FARMEM_EXPORT void* realloc(void* p, size_t n) noexcept {
     h->free(p);
     return q;
   }
-  if (!wants_far(n)) return __libc_realloc(p, n);
-  // A local block growing past the threshold moves to far memory once.
+  if (!wants_far(n)) {
+    count_local(n);
+    return __libc_realloc(p, n);
+  }
+  // A local block (allocated before the runtime ran, or below the
+  // threshold) moves to far memory the first time it is reallocated there.
   FarHeap* h = far_heap();
   if (h == nullptr) return __libc_realloc(p, n);
   void* q = h->alloc(n);

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -209,6 +210,73 @@ TEST(FarHeap, ThreadsAllocateConcurrently) {
   }
   for (auto& t : ts) t.join();
   EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(r.heap->stats().allocated, 0u);
+}
+
+// FarHeapOptions::thread_cache (the preload library's heap): small objects
+// through jemalloc's thread caches, freed on the other thread half of the
+// time, with a budget small enough that their pages are evicted and read
+// back; every object comes from the region and keeps its bytes.
+TEST(FarHeap, ThreadCacheSmallObjectsAcrossThreads) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  FarHeapOptions o = testing::FarHeapRig::heap_options(100, 0);
+  o.thread_cache = true;
+  testing::FarHeapRig r(testing::FarHeapRig::pager_config(2 << 20), o);
+  std::atomic<int> bad{0};
+  std::mutex mu;
+  std::vector<std::pair<uint8_t*, size_t>> handed;  // freed by the other thread
+  auto check = [&](uint8_t* q, size_t m) {
+    for (size_t i = 0; i < m; ++i) {
+      if (q[i] != static_cast<uint8_t>((reinterpret_cast<uintptr_t>(q) >> 4) + i)) {
+        bad++;
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 2; ++t) {
+    ts.emplace_back([&, t] {
+      std::vector<std::pair<uint8_t*, size_t>> live;
+      for (int k = 0; k < 60000; ++k) {
+        const size_t n = 16 + static_cast<size_t>((k * 7919 + t * 104729) % 500);
+        auto* p = static_cast<uint8_t*>(r.heap->alloc(n));
+        if (p == nullptr || !r.heap->contains(p) || r.heap->usable_size(p) < n) {
+          bad++;
+          continue;
+        }
+        for (size_t i = 0; i < n; ++i) {
+          p[i] = static_cast<uint8_t>((reinterpret_cast<uintptr_t>(p) >> 4) + i);
+        }
+        live.emplace_back(p, n);
+        if (k % 3 == 0) {  // a third of the objects die young, half of them elsewhere
+          auto [q, m] = live[live.size() / 2];
+          live[live.size() / 2] = live.back();
+          live.pop_back();
+          check(q, m);
+          if (k % 2 == 0) {
+            r.heap->free(q);
+          } else {
+            std::lock_guard<std::mutex> lk(mu);
+            handed.emplace_back(q, m);
+          }
+        }
+        if (k % 64 == 0) {
+          std::lock_guard<std::mutex> lk(mu);
+          for (auto [q, m] : handed) r.heap->free(q);
+          handed.clear();
+        }
+      }
+      for (auto [q, m] : live) {
+        check(q, m);
+        r.heap->free(q);
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (auto [q, m] : handed) r.heap->free(q);
+  r.heap->flush_thread_cache();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_GT(r.pager->stats().evictions_dirty, 0u);  // the objects really left
   EXPECT_EQ(r.heap->stats().allocated, 0u);
 }
 

@@ -46,6 +46,10 @@ preload_workdir() {
 # dies or does not report a port within 10 s.
 preload_start_farmemd() {
   local log=$1 capacity=$2 slab=$3 pid
+  # Created here, not by the background job's redirection: the first sed
+  # below may run before that job has, and a sed that cannot read the file
+  # fails the whole script (set -e, pipefail).
+  : > "$log"
   "$FARMEMD" --listen 127.0.0.1:0 --capacity "$capacity" --slab-size "$slab" --token-file token \
     > "$log" 2>&1 &
   pid=$!

@@ -4,7 +4,12 @@
 # byte-identical and that far memory was really used beyond the local
 # budget (dirty evictions and remote fetches).
 #
-#   preload_run.sh --local-mem 16M [--setup 'shell cmd'] -- prog args...
+#   preload_run.sh --local-mem 16M [--setup 'shell cmd'] [--max-rss-over MIB] -- prog args...
+#
+# --max-rss-over MIB: the preloaded run's peak RSS (/usr/bin/time's %M, the
+# whole process: far pages resident, the runtime's own memory, the
+# program's code and what it allocated before the runtime started) must be
+# at most the local budget plus MIB.
 #
 # Environment (set by ctest): FARMEMD, FARMEM_PRELOAD_LIB. The program runs
 # in a private temporary directory (cwd); --setup runs there first.
@@ -14,10 +19,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/preload_lib.sh"
 
 LOCAL_MEM=16M
 SETUP=""
+MAX_RSS_OVER=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --local-mem) LOCAL_MEM=$2; shift 2 ;;
     --setup) SETUP=$2; shift 2 ;;
+    --max-rss-over) MAX_RSS_OVER=$2; shift 2 ;;
     --) shift; break ;;
     *) echo "preload_run: unknown option $1" >&2; exit 2 ;;
   esac
@@ -31,15 +38,26 @@ if [[ -n $SETUP ]]; then bash -c "$SETUP"; fi
 
 echo "== $* (local budget $LOCAL_MEM, donor 127.0.0.1:$PORT)"
 start=$(date +%s.%N)
-"$@" > out.ref
+/usr/bin/time -o rss.ref -f %M "$@" > out.ref
 mid=$(date +%s.%N)
-LD_PRELOAD=$FARMEM_PRELOAD_LIB FARMEM_SERVERS=127.0.0.1:$PORT FARMEM_TOKEN_FILE=$WORK/token \
-  FARMEM_LOCAL_MEM=$LOCAL_MEM FARMEM_STATS=1 "$@" > out.far 2> err.far || {
+/usr/bin/time -o rss.far -f %M env LD_PRELOAD="$FARMEM_PRELOAD_LIB" \
+  FARMEM_SERVERS=127.0.0.1:$PORT FARMEM_TOKEN_FILE="$WORK/token" FARMEM_LOCAL_MEM="$LOCAL_MEM" \
+  FARMEM_STATS=1 "$@" > out.far 2> err.far || {
   rc=$?; cat err.far >&2; echo "FAIL: exit status $rc under the preload library" >&2; exit 1; }
 end=$(date +%s.%N)
 grep '^farmem: stats' err.far || true
 awk -v a="$start" -v b="$mid" -v c="$end" \
   'BEGIN { printf "time: %.2f s without, %.2f s with far memory\n", b - a, c - b }'
+rss_ref=$(( $(tail -1 rss.ref) / 1024 ))
+rss_far=$(( $(tail -1 rss.far) / 1024 ))
+echo "peak RSS: $rss_ref MiB without, $rss_far MiB with far memory (budget $LOCAL_MEM)"
 preload_check_output
 preload_check_far_memory_used
+if [[ -n $MAX_RSS_OVER ]]; then
+  budget_mib=$(numfmt --from=iec "$LOCAL_MEM" | awk '{ printf "%d", $1 / 1048576 }')
+  if (( rss_far > budget_mib + MAX_RSS_OVER )); then
+    echo "FAIL: peak RSS $rss_far MiB under the preload library is over the budget ($budget_mib MiB) + $MAX_RSS_OVER MiB" >&2
+    exit 1
+  fi
+fi
 echo "PASS: $(wc -c < out.ref) bytes of output identical; $dirty pages written back, $remote fetched"
