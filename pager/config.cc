@@ -1,5 +1,6 @@
 #include "pager/config.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -8,7 +9,22 @@
 
 namespace farmem {
 
-uint32_t default_handler_threads() {
+std::vector<int> allowed_cpus() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+uint32_t default_handler_threads(bool pinned) {
+  if (pinned) {
+    size_t n = allowed_cpus().size();
+    if (n == 0) n = 1;
+    return static_cast<uint32_t>(n > 64 ? 64 : n);
+  }
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   if (n < 2) return 1;
   return static_cast<uint32_t>(n / 2 > 8 ? 8 : n / 2);
@@ -166,6 +182,16 @@ Result<PagerConfig> PagerConfig::from_env(PagerConfig c) {
     auto r = parse_uint(v, "FARMEM_BLOCKING_READ", 0, 1);
     if (!r.ok()) return r.status();
     c.blocking_read = *r == 1;
+  }
+  if (const char* v = getenv("FARMEM_PIN_HANDLERS")) {
+    auto r = parse_uint(v, "FARMEM_PIN_HANDLERS", 0, 1);
+    if (!r.ok()) return r.status();
+    c.pin_handlers = *r == 1;
+  }
+  if (const char* v = getenv("FARMEM_WRITTEN_WRITABLE")) {
+    auto r = parse_uint(v, "FARMEM_WRITTEN_WRITABLE", 0, 1);
+    if (!r.ok()) return r.status();
+    c.written_writable = *r == 1;
   }
   FARMEM_RETURN_IF_ERROR(c.validate());
   return c;

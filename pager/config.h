@@ -18,10 +18,13 @@
 //   FARMEM_ZERO_AROUND_WRITABLE  0 / 1: blocks mapped ahead of a write fault writable + dirty
 //   FARMEM_ZERO_CHUNK      0, 2..64 (a power of two): zero-fill chunk in blocks (0 = off)
 //   FARMEM_BLOCKING_READ   0 / 1: idle handlers block in read() of the uffd (where supported)
+//   FARMEM_PIN_HANDLERS    0 / 1: one fault handler per allowed CPU, each pinned to its CPU
+//   FARMEM_WRITTEN_WRITABLE  0 / 1: a block seen written in its last stay comes back writable
 #pragma once
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "runtime/status.h"
 
@@ -46,8 +49,17 @@ struct PagerConfig {
   // Local budget: far pages resident in this process (mapped blocks plus
   // occupied victim-cache slots) never exceed it (invariant 5).
   uint64_t local_budget = 256ull << 20;
-  // Fault handler threads; 0 = default_handler_threads().
+  // Fault handler threads; 0 = default_handler_threads(pin_handlers).
   uint32_t handler_threads = 0;
+  // Handler i runs pinned to the i-th CPU the process may use (round robin
+  // when there are more handlers), and by default there is one per CPU: the
+  // faulting thread's own CPU then always has a handler, which the kernel
+  // runs there as the faulting thread sleeps, instead of waking a halted
+  // CPU (pager/fault_path.h "Handlers per CPU").
+  bool pin_handlers = true;
+  // A block seen written in its last stay comes back writable and dirty on
+  // a read fault (pager/fault_path.h "Written blocks come back writable").
+  bool written_writable = true;
   // An idle handler waits in a blocking read() of the uffd (one syscall per
   // fault) when the kernel lets the busy ones read without blocking (fault_path.h
   // "Idle handlers block in read()"); false keeps ppoll() + read() (tests).
@@ -116,9 +128,13 @@ const char* uffd_move_name(UffdMoveMode m);
 Result<WpAsyncMode> parse_wp_async(std::string_view text);
 const char* wp_async_name(WpAsyncMode m);
 
-// min(max(cores / 2, 1), 8): a fault costs one hand-off (kernel -> handler),
-// more threads than cores only add contention.
-uint32_t default_handler_threads();
+// Pinned (the default): one per CPU the process may use (sched_getaffinity),
+// at most 64. Unpinned: min(max(cores / 2, 1), 8): a fault costs one
+// hand-off (kernel -> handler), more threads than cores only add contention.
+uint32_t default_handler_threads(bool pinned = false);
+// The CPUs the calling thread may run on, in ascending order (empty when
+// sched_getaffinity fails).
+std::vector<int> allowed_cpus();
 
 // FARMEM_LOCAL_MEM syntax: "2G", "512M", "25%" (of physical RAM).
 Result<uint64_t> parse_local_mem(std::string_view text);

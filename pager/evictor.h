@@ -288,7 +288,7 @@ size_t Pager<B>::demote_batch(size_t max, size_t* dropped) {
         continue;
       }
       pt_.finish(blocks[i],
-                 PageTable::make(PageState::kVictim, words[i] & PageTable::kDirty, slots[i]));
+                 PageTable::make(PageState::kVictim, words[i] & PageTable::kKeep, slots[i]));
       ++moved_n;
     }
     counters_.bump(counters_.demotions, moved_n);
@@ -375,7 +375,7 @@ size_t Pager<B>::demote_batch(size_t max, size_t* dropped) {
       continue;
     }
     pt_.finish(blocks[i],
-               PageTable::make(PageState::kVictim, words[i] & PageTable::kDirty, slots[i]));
+               PageTable::make(PageState::kVictim, words[i] & PageTable::kKeep, slots[i]));
   }
   if (n_drop > 0) {
     unreserve(static_cast<int64_t>(n_drop));
@@ -559,7 +559,9 @@ size_t Pager<B>::writeback_done(const IoCompletion& c) {
   if (wb_retry_[slot] == 0 && wb_ok_[slot] > 0) {
     // Every live replica stored the WRITE: only now may the local copy go
     // (invariant 1).
-    pt_.finish(b, PageTable::make(PageState::kRemote, 0, 0));
+    // Seen written (not only guessed): it comes back writable.
+    pt_.finish(b, PageTable::make(PageState::kRemote,
+                                  (w & PageTable::kGuessed) ? 0 : PageTable::kWritten, 0));
     free_slot(slot);
     unreserve();
     counters_.bump(counters_.evictions_dirty);
@@ -736,7 +738,7 @@ Status Pager<B>::evict(void* addr, size_t len) {
             std::lock_guard<std::mutex> lk(list_mu_);
             victim_.push_front(b);
           }
-          pt_.finish(b, PageTable::make(PageState::kVictim, ws & PageTable::kDirty, slot));
+          pt_.finish(b, PageTable::make(PageState::kVictim, ws & PageTable::kKeep, slot));
           counters_.bump(counters_.demotions);
           continue;  // now a victim: dropped below
         }
@@ -756,7 +758,7 @@ Status Pager<B>::evict(void* addr, size_t len) {
           std::lock_guard<std::mutex> lk(list_mu_);
           victim_.push_front(b);
         }
-        pt_.finish(b, PageTable::make(PageState::kVictim, w & PageTable::kDirty, slot));
+        pt_.finish(b, PageTable::make(PageState::kVictim, w & PageTable::kKeep, slot));
         counters_.bump(counters_.demotions);
         continue;  // now a victim: dropped below
       }
@@ -840,7 +842,8 @@ Status Pager<B>::evict(void* addr, size_t len) {
                           static_cast<void*>(block_addr(b)),
                           remote_->server_name(op.remote.server));
       }
-      pt_.finish(b, PageTable::make(PageState::kRemote, 0, 0));
+      pt_.finish(b, PageTable::make(PageState::kRemote,
+                                    (w & PageTable::kGuessed) ? 0 : PageTable::kWritten, 0));
       free_slot(slot);
       unreserve();
       counters_.bump(counters_.evictions_dirty);

@@ -16,11 +16,10 @@
 //        | word   | remote   | prev     | next     |
 //        +--------+----------+----------+----------+
 //   word (atomic u32):  bits 0-3 state | 4 dirty | 5 prefetched | 6 pinned |
-//                       7 spare | bits 8-31: the local slot index (kVictim,
-//                       kPromoting, kWriting, kFetching into a slot), or the
-//                       pin count when bit 6 is set (a pinned block is
-//                       always Present, or Protecting / Discarding owned
-//                       from Present, so it has no slot)
+//                       7 written (Remote) / guessed (resident) | bits 8-31: the local slot index
+//                       (kVictim, kPromoting, kWriting, kFetching into a slot), or the pin count
+//                       when bit 6 is set (a pinned block is always Present, or Protecting /
+//                       Discarding owned from Present, so it has no slot)
 //   remote: remote unit + 1 (block-sized units, see RemoteMap); 0 when the
 //           block has never been written back (so an all-zero table is valid)
 //   prev/next: links of the list the block is on (active or victim), guarded
@@ -119,6 +118,17 @@ class PageTable {
   // ahead by a confirmed prefetch stream, not faulted on since.
   static constexpr uint32_t kPrefetched = 1u << 5;
   static constexpr uint32_t kPinned = 1u << 6;  // bits 8-31 hold the pin count
+  // Bit 7, by state (pager/fault_path.h "Written blocks come back
+  // writable"). Remote: kWritten, the block was seen written in its last
+  // stay (a write fault or a WP fault made it dirty), so a read fault maps
+  // it writable and dirty. Resident (Present, Demoting, Victim, Promoting,
+  // Writing): kGuessed, it was mapped so on that guess and no write of it
+  // has been seen since (none can be: it is writable), so its dirt proves
+  // nothing and it leaves without kWritten.
+  static constexpr uint32_t kWritten = 1u << 7;
+  static constexpr uint32_t kGuessed = 1u << 7;
+  // What a resident block's word carries from state to state.
+  static constexpr uint32_t kKeep = kDirty | kGuessed;
   static constexpr uint32_t kMaxPinCount = kNoSlot;
   static constexpr int kSlotShift = 8;
 

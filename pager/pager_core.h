@@ -123,6 +123,9 @@ class Pager {
   // (config.blocking_read and the kernel allow it; see "Idle handlers block
   // in read()" in fault_path.h).
   bool uses_blocking_read() const { return blocking_read_; }
+  // The CPU fault handler i is pinned to, -1 when it is not (tests).
+  int handler_cpu(size_t i) const { return i < handlers_.size() ? handlers_[i]->cpu : -1; }
+  size_t handler_count() const { return handlers_.size(); }
 
   // Drops [addr, addr+len) (block-aligned): the range reads as zeros again,
   // its remote space and budget are freed. Control path (allocator purge);
@@ -260,7 +263,8 @@ class Pager {
     bool write = false;
     bool map = false;  // prefetch on a confirmed stream: map at once, no fault later
     uint64_t t0 = 0;
-    ServerId server = 0;  // the replica read (failover marks it failed)
+    ServerId server = 0;   // the replica read (failover marks it failed)
+    bool guessed = false;  // demand: mapped writable on kWritten, not for a write fault
   };
   struct Deferred {
     uint64_t addr;
@@ -296,6 +300,7 @@ class Pager {
     // Set when the thread returns (~Pager rings the doorbell until all are).
     std::atomic<bool> exited{false};
     bool poller = false;  // counted in pollers_ (set_poller())
+    int cpu = -1;         // the CPU it is pinned to (config.pin_handlers), -1 = none
     // Prefetched blocks of a confirmed stream that landed and wait to be
     // mapped together (add_to_run() / flush_run()): blocks [run_first,
     // run_first + run_n), their slots in run_slot, all mapped writable or

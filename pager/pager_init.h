@@ -22,7 +22,7 @@ Result<std::unique_ptr<Pager<B>>> Pager<B>::create(const PagerConfig& config, B*
 
 template <TransportBackend B>
 Status Pager<B>::init() {
-  if (cfg_.handler_threads == 0) cfg_.handler_threads = default_handler_threads();
+  if (cfg_.handler_threads == 0) cfg_.handler_threads = default_handler_threads(cfg_.pin_handlers);
   // Tests only: FARMEM_TEST_WP_ASYNC (auto / on / off) overrides
   // config.wp_async so that the whole pager suite runs in either mode
   // (applications set it through FARMEM_WP_ASYNC and PagerConfig::from_env).
@@ -175,9 +175,19 @@ Status Pager<B>::init() {
     replicator_ = std::move(*r);
   }
 
-  for (auto& h : handlers_) {
-    Handler* hp = h.get();
+  const std::vector<int> cpus = cfg_.pin_handlers ? allowed_cpus() : std::vector<int>{};
+  for (size_t i = 0; i < handlers_.size(); ++i) {
+    Handler* hp = handlers_[i].get();
     hp->thread = std::thread([this, hp] { handler_main(*hp); });
+    if (!cpus.empty()) {
+      // Handlers per CPU (see above handler_main()). A refusal (a cpuset
+      // changed meanwhile) only costs speed: the handler runs unpinned.
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpus[i % cpus.size()], &set);
+      if (pthread_setaffinity_np(hp->thread.native_handle(), sizeof set, &set) == 0)
+        hp->cpu = cpus[i % cpus.size()];
+    }
   }
   evictor_ = std::thread([this] { evictor_main(); });
   FARMEM_LOG(kDebug,

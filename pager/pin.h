@@ -58,7 +58,7 @@ void Pager<B>::unpin_block(uint32_t b) {
       active_.push_front(b);
     }
     pinned_.fetch_sub(1, std::memory_order_relaxed);
-    pt_.finish(b, PageTable::make(PageState::kPresent, w & PageTable::kDirty, 0));
+    pt_.finish(b, PageTable::make(PageState::kPresent, w & PageTable::kKeep, 0));
     return;
   }
 }

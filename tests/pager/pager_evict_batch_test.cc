@@ -124,6 +124,10 @@ TEST(PagerEvictBatch, CleanScanDropsMappedAheadBlocksWithoutVictimCacheByteExact
   LoopbackRig rig;
   PagerConfig c = small_config(kBudget, 2 * kPages);
   c.prefetch = true;
+  // Exact: no demand-faulted block comes back writable on the guess that
+  // it is written again (fault_path.h "Written blocks come back
+  // writable"), so a read-only scan writes nothing back.
+  c.written_writable = false;
   P& p = rig.start(c);
   // The window a confirmed stream may reach: budget / 16 blocks here.
   EXPECT_EQ(p.config().prefetch_max_window, kBudget / 16);

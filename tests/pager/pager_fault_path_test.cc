@@ -6,9 +6,13 @@
 // traffic for blocks that were never written.
 //
 //   ctest -R PagerFaultPath
+#include <dirent.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -371,6 +375,151 @@ TEST(PagerFaultPath, VictimHitOnWriteIsOneFault) {
     fill_page(expect, pg, 0);
     expect[9] = static_cast<uint8_t>(pg ^ 0x5a);
     ASSERT_EQ(memcmp(mem + pg * kPage, expect, kPage), 0) << "page " << pg;
+  }
+}
+
+// Written blocks come back writable (fault_path.h): a block seen written
+// in its last stay (a write fault or a WP fault) is mapped writable and
+// dirty by a read fault, so that its next write takes no WP fault; such a
+// stay proves nothing (no write can be seen), so the block after it comes
+// back write-protected, and a block only read since costs one write-back.
+TEST(PagerFaultPath, WrittenBlockComesBackWritable) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  LoopbackRig rig;
+  PagerConfig c = fault_path_config(256, 4096);
+  c.zero_fault_around = 0;
+  P& p = rig.start(c);
+  auto* mem = static_cast<volatile uint8_t*>(p.base());
+  auto* raw = const_cast<uint8_t*>(mem);
+  uint8_t* a = raw + 10 * kPage;  // written in every stay
+  uint8_t* r = raw + 11 * kPage;  // written once, then only read
+  auto evict_both = [&] {
+    ASSERT_TRUE(p.evict(a, 2 * kPage).ok());
+    ASSERT_EQ(p.state_of(a), PageState::kRemote);
+    ASSERT_EQ(p.state_of(r), PageState::kRemote);
+  };
+  // Touches a (read, then write) and r (read); returns the WP faults taken.
+  uint8_t next = 2;
+  auto stay = [&] {
+    const PagerStats s0 = p.stats();
+    EXPECT_EQ(a[0], next - 1);
+    EXPECT_EQ(r[0], 0x77);
+    a[0] = next++;
+    const PagerStats s1 = p.stats();
+    EXPECT_EQ(s1.faults_remote - s0.faults_remote, 2u) << s1.to_string();
+    return s1.faults_wp - s0.faults_wp;
+  };
+  mem[10 * kPage] = 1;  // stay 0: both written (write faults, seen; not all-zero)
+  mem[11 * kPage] = 0x77;
+  evict_both();
+  EXPECT_EQ(rig.donor.writes(), 2u);
+  // Stay 1: both guessed writable: a's write takes no WP fault; both are
+  // written back (r's write-back is the price of the guess).
+  EXPECT_EQ(stay(), 0u);
+  evict_both();
+  EXPECT_EQ(rig.donor.writes(), 4u);
+  // Stay 2: a guess is not renewed: both come back write-protected, a's
+  // write is a WP fault (seen), r leaves clean without a write.
+  EXPECT_EQ(stay(), 1u);
+  evict_both();
+  EXPECT_EQ(rig.donor.writes(), 5u);
+  // Stay 3: a was seen written: writable again; r stays write-protected.
+  EXPECT_EQ(stay(), 0u);
+  evict_both();
+  EXPECT_EQ(rig.donor.writes(), 6u);
+  EXPECT_EQ(a[0], next - 1);  // byte-exact after every round trip
+  EXPECT_EQ(r[0], 0x77);
+}
+
+TEST(PagerFaultPath, WrittenWritableOffKeepsWriteProtection) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  LoopbackRig rig;
+  PagerConfig c = fault_path_config(256, 4096);
+  c.zero_fault_around = 0;
+  c.written_writable = false;
+  P& p = rig.start(c);
+  auto* mem = static_cast<volatile uint8_t*>(p.base());
+  auto* raw = const_cast<uint8_t*>(mem);
+  mem[10 * kPage] = 5;
+  ASSERT_TRUE(p.evict(raw + 10 * kPage, kPage).ok());
+  const PagerStats s0 = p.stats();
+  EXPECT_EQ(mem[10 * kPage], 5u);
+  mem[10 * kPage] = 6;
+  const PagerStats s1 = p.stats();
+  EXPECT_EQ(s1.faults_remote - s0.faults_remote, 1u) << s1.to_string();
+  EXPECT_EQ(s1.faults_wp - s0.faults_wp, 1u) << s1.to_string();
+  ASSERT_TRUE(p.evict(raw + 10 * kPage, kPage).ok());
+  EXPECT_EQ(mem[10 * kPage], 6u);
+}
+
+// Handlers per CPU (fault_path.h): by default one fault handler per CPU
+// the process may use, each pinned to its own CPU (the kernel's view, read
+// back from /proc), and faults are served byte-exact. Unpinned on request.
+std::vector<std::string> fault_thread_cpus() {
+  std::vector<std::string> out;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::string dir = std::string("/proc/self/task/") + e->d_name;
+    std::ifstream comm(dir + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name != "fm-fault") continue;
+    std::ifstream status(dir + "/status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("Cpus_allowed_list:", 0) == 0) {
+        std::string v = line.substr(line.find(':') + 1);
+        v.erase(0, v.find_first_not_of(" \t"));
+        out.push_back(v);
+      }
+    }
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(PagerFaultPath, HandlersArePinnedOnePerCpu) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  const std::vector<int> cpus = allowed_cpus();
+  ASSERT_FALSE(cpus.empty());
+  {
+    LoopbackRig rig;
+    PagerConfig c = fault_path_config(64, 1024);
+    c.handler_threads = 0;  // the default: one per CPU
+    P& p = rig.start(c);
+    ASSERT_EQ(p.handler_count(), std::min<size_t>(cpus.size(), 64));
+    std::vector<std::string> want;
+    for (size_t i = 0; i < p.handler_count(); ++i) {
+      EXPECT_EQ(p.handler_cpu(i), cpus[i]);
+      want.push_back(std::to_string(cpus[i]));
+    }
+    std::sort(want.begin(), want.end());
+    // Each thread names itself as it starts.
+    EXPECT_TRUE(wait_until([&] { return fault_thread_cpus() == want; }))
+        << fault_thread_cpus().size();
+    // Served byte-exact through eviction, from this thread wherever it runs.
+    auto* mem = static_cast<volatile uint8_t*>(p.base());
+    for (size_t i = 0; i < 256; ++i) mem[i * kPage] = static_cast<uint8_t>(i * 7 + 1);
+    for (size_t i = 0; i < 256; ++i) ASSERT_EQ(mem[i * kPage], static_cast<uint8_t>(i * 7 + 1));
+    EXPECT_GT(p.stats().faults_remote, 0u);
+  }
+  {
+    LoopbackRig rig;
+    PagerConfig c = fault_path_config(64, 1024);
+    c.handler_threads = 2;
+    c.pin_handlers = false;
+    P& p = rig.start(c);
+    ASSERT_EQ(p.handler_count(), 2u);
+    EXPECT_EQ(p.handler_cpu(0), -1);
+    EXPECT_EQ(p.handler_cpu(1), -1);
+    ASSERT_TRUE(wait_until([&] { return fault_thread_cpus().size() == 2; }));
+    std::vector<std::string> got = fault_thread_cpus();
+    if (cpus.size() > 1) {
+      EXPECT_NE(got[0], std::to_string(cpus[0]));  // not one CPU
+    }
   }
 }
 

@@ -81,7 +81,10 @@ TEST(PagerReplacement, CleanVictimReadThenWrittenIsTracked) {
   FARMEM_SKIP_WITHOUT_UFFD();
   constexpr size_t kPages = 512;
   LoopbackRig rig;
-  const PagerConfig c = replacement_config();
+  PagerConfig c = replacement_config();
+  // Blocks written before come back writable by default (fault_path.h
+  // "Written blocks come back writable"); this test needs clean victims.
+  c.written_writable = false;
   P& p = rig.start(c);
   auto* mem = static_cast<uint8_t*>(p.base());
   (void)settle_and_list_victims(p, c, kPages);

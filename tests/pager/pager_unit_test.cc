@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -162,6 +163,29 @@ TEST(PagerConfigTest, FromEnvZeroChunkAndBlockingRead) {
   ASSERT_FALSE(bad_chunk.ok());
   EXPECT_NE(bad_chunk.status().message().find("power of two"), std::string::npos)
       << bad_chunk.status().message();
+}
+
+TEST(PagerConfigTest, FromEnvPinHandlersAndWrittenWritable) {
+  EXPECT_TRUE(PagerConfig{}.pin_handlers);
+  EXPECT_TRUE(PagerConfig{}.written_writable);
+  setenv("FARMEM_PIN_HANDLERS", "0", 1);
+  setenv("FARMEM_WRITTEN_WRITABLE", "0", 1);
+  auto c = PagerConfig::from_env(PagerConfig{});
+  unsetenv("FARMEM_WRITTEN_WRITABLE");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_FALSE(c->pin_handlers);
+  EXPECT_FALSE(c->written_writable);
+  setenv("FARMEM_PIN_HANDLERS", "2", 1);
+  auto bad = PagerConfig::from_env(PagerConfig{});
+  unsetenv("FARMEM_PIN_HANDLERS");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("FARMEM_PIN_HANDLERS"), std::string::npos);
+  // One handler per allowed CPU when pinned; the old cores / 2 otherwise.
+  const size_t cpus = allowed_cpus().size();
+  ASSERT_GE(cpus, 1u);
+  EXPECT_EQ(default_handler_threads(true), std::min<size_t>(cpus, 64));
+  EXPECT_GE(default_handler_threads(false), 1u);
+  EXPECT_LE(default_handler_threads(false), 8u);
 }
 
 TEST(PrefetcherTest, SequentialStreamPrefetchesAhead) {
