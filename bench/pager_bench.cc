@@ -41,6 +41,11 @@
 //                          pager_own_round_iqr_us (their spread across the
 //                          rounds of a run), added_iqm_us / pager_own_iqm_us
 //                          (the same differences of interquartile means).
+//                          pinned:1 (the pager's default): one handler per
+//                          CPU, each pinned to its CPU, for the pager AND the
+//                          bare rig; pinned:0: one unpinned handler each
+//                          (strategy for strategy; fault_path.h "Handlers
+//                          per CPU").
 //   BM_FaultThroughput     random remote read faults/s with 1 and 2
 //                          application threads, working set 4x the budget
 //                          (eviction in the background), default handlers.
@@ -492,24 +497,29 @@ double iqm(std::vector<double> v) {
   return sum / static_cast<double>(hi - lo);
 }
 
-// A bare userfaultfd round trip kept running across rounds: one handler
-// thread, read() + UFFDIO_COPY of a resident zero page, nothing else.
+// A bare userfaultfd round trip kept running across rounds: handler
+// threads doing read() + UFFDIO_COPY of a resident zero page, nothing else:
+// one unpinned, or (pinned) one per allowed CPU, each pinned to its CPU,
+// as the pager's handlers.
 struct BareUffdRig {
   Uffd u;
   void* mem = nullptr;
   size_t len = 0;
+  size_t n_bells = 1;  // the last n_bells pages: stop doorbells, one per handler
   std::atomic<bool> stop{false};
   bool blocking = false;
-  std::thread handler;
+  std::vector<std::thread> handlers;
   alignas(4096) char zero[kPage] = {};
-  bool start(size_t pages, std::string* err) {
+  bool start(size_t pages, std::string* err, bool pinned = false) {
+    const std::vector<int> cpus = pinned ? allowed_cpus() : std::vector<int>{};
+    n_bells = cpus.empty() ? 1 : cpus.size();
     auto r = Uffd::open();
     if (!r.ok()) {
       *err = r.status().to_string();
       return false;
     }
     u = std::move(*r);
-    len = (pages + 1) * kPage;  // + the stop doorbell, never touched by a run
+    len = (pages + n_bells) * kPage;  // + the stop doorbells, never touched by a run
     mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                -1, 0);
     if (mem == MAP_FAILED) {
@@ -527,28 +537,38 @@ struct BareUffdRig {
     // it: one blocking read() per fault where the kernel allows it (else
     // poll() + read()). The last page is the stop doorbell.
     blocking = u.enable_blocking_reads();
-    handler = std::thread([this] {
-      uffd_msg m[16];
-      pollfd pfd{u.fd(), POLLIN, 0};
-      while (!stop.load(std::memory_order_relaxed)) {
-        if (!blocking && poll(&pfd, 1, 10) <= 0) continue;
-        ssize_t got = read(u.fd(), m, sizeof m);
-        for (ssize_t i = 0; i < got / static_cast<ssize_t>(sizeof(uffd_msg)); ++i) {
-          void* page = reinterpret_cast<void*>(m[i].arg.pagefault.address & ~(kPage - 1));
-          (void)u.copy(page, zero, kPage, false);
+    for (size_t t = 0; t < n_bells; ++t) {
+      handlers.emplace_back([this] {
+        uffd_msg m[16];
+        pollfd pfd{u.fd(), POLLIN, 0};
+        while (!stop.load(std::memory_order_relaxed)) {
+          if (!blocking && poll(&pfd, 1, 10) <= 0) continue;
+          ssize_t got = read(u.fd(), m, sizeof m);
+          for (ssize_t i = 0; i < got / static_cast<ssize_t>(sizeof(uffd_msg)); ++i) {
+            void* page = reinterpret_cast<void*>(m[i].arg.pagefault.address & ~(kPage - 1));
+            (void)u.copy(page, zero, kPage, false);
+          }
         }
+      });
+      if (!cpus.empty()) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpus[t], &set);
+        (void)pthread_setaffinity_np(handlers.back().native_handle(), sizeof set, &set);
       }
-    });
+    }
     return true;
   }
   ~BareUffdRig() {
     stop = true;
-    if (blocking && handler.joinable()) {
-      // Wakes the blocked read(): a fault on the doorbell page, which the
-      // handler resolves before it sees stop.
-      (void)*static_cast<volatile char*>(static_cast<char*>(mem) + len - kPage);
+    if (blocking) {
+      // Wakes the blocked read()s: one fault per handler on its own doorbell
+      // page, each resolved by a handler that then sees stop and returns.
+      for (size_t t = 0; t < handlers.size(); ++t)
+        (void)*static_cast<volatile char*>(static_cast<char*>(mem) + len - (t + 1) * kPage);
     }
-    if (handler.joinable()) handler.join();
+    for (auto& h : handlers)
+      if (h.joinable()) h.join();
     if (mem) {
       (void)u.unregister_range(mem, len);
       munmap(mem, len);
@@ -633,13 +653,17 @@ struct ColdFault {
     PagerConfig c;
     c.region_size = 256ull << 20;
     c.local_budget = 128ull << 20;  // room for every page: nothing evicted while timed
-    c.handler_threads = 1;          // the bare round trip has one handler too
+    // Strategy for strategy with the bare rig: one unpinned handler each,
+    // or one pinned handler per CPU each (the pager's default).
+    const bool pinned = state.range(1) != 0;
+    c.handler_threads = pinned ? 0 : 1;
+    c.pin_handlers = pinned;
     c.prefetch = false;
     PagerRig<Env> rig;
     if (!rig.start(state, c)) return;
     std::string err;
     BareUffdRig bare;
-    if (!bare.start(kRound * kRounds, &err)) {
+    if (!bare.start(kRound * kRounds, &err, pinned)) {
       state.SkipWithError(err.c_str());
       return;
     }
@@ -974,9 +998,8 @@ void BM_ZipfReplacement(benchmark::State& state) {
 }
 
 BENCHMARK(BM_ColdFault)
-    ->ArgName("backend")
-    ->Arg(0)
-    ->Arg(1)
+    ->ArgNames({"backend", "pinned"})
+    ->ArgsProduct({{0, 1}, {1, 0}})
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FaultThroughput)

@@ -52,7 +52,8 @@ struct PagerConfig {
   // Fault handler threads; 0 = default_handler_threads(pin_handlers).
   uint32_t handler_threads = 0;
   // Handler i runs pinned to the i-th CPU the process may use (round robin
-  // when there are more handlers), and by default there is one per CPU: the
+  // when there are more handlers; not pinned at all when there are fewer
+  // handlers than CPUs), and by default there is one per CPU: the
   // faulting thread's own CPU then always has a handler, which the kernel
   // runs there as the faulting thread sleeps, instead of waking a halted
   // CPU (pager/fault_path.h "Handlers per CPU").

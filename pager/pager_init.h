@@ -175,7 +175,11 @@ Status Pager<B>::init() {
     replicator_ = std::move(*r);
   }
 
-  const std::vector<int> cpus = cfg_.pin_handlers ? allowed_cpus() : std::vector<int>{};
+  // Pinned only when every allowed CPU gets a handler: a CPU without one
+  // would send each of its faults to another CPU, where an unpinned handler
+  // may at least be woken on the faulting thread's CPU.
+  std::vector<int> cpus = cfg_.pin_handlers ? allowed_cpus() : std::vector<int>{};
+  if (cpus.size() > handlers_.size()) cpus.clear();
   for (size_t i = 0; i < handlers_.size(); ++i) {
     Handler* hp = handlers_[i].get();
     hp->thread = std::thread([this, hp] { handler_main(*hp); });

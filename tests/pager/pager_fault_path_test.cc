@@ -521,6 +521,15 @@ TEST(PagerFaultPath, HandlersArePinnedOnePerCpu) {
       EXPECT_NE(got[0], std::to_string(cpus[0]));  // not one CPU
     }
   }
+  if (cpus.size() > 1) {
+    // Fewer handlers than CPUs: not pinned (a CPU without a handler of its
+    // own would send every fault elsewhere).
+    LoopbackRig rig;
+    PagerConfig c = fault_path_config(64, 1024);
+    c.handler_threads = 1;
+    P& p = rig.start(c);
+    EXPECT_EQ(p.handler_cpu(0), -1);
+  }
 }
 
 }  // namespace
