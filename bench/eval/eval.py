@@ -956,6 +956,8 @@ def programs_main(a):
         a.plain_runs = 1 if a.quick else 2
     if a.plain_runs < 1:
         raise SystemExit("eval: --plain-runs must be at least 1")
+    if a.timeout_factor is None:
+        a.timeout_factor = 10 if a.quick else 20
     if a.timeout_factor <= 0:
         raise SystemExit("eval: --timeout-factor must be positive")
     a.out = os.path.abspath(a.out or os.path.join(os.path.dirname(__file__), "results-programs"))
@@ -979,8 +981,9 @@ def main():
                     help="micro: the workloads above (default); programs: unmodified Debian "
                     "programs at the same peak RSS (bench/eval/programs.py)")
     ap.add_argument("--programs", help="--set programs: comma list of xz,gnu-sort,zstd")
-    ap.add_argument("--timeout-factor", type=float, default=20,
-                    help="--set programs: a cell's timeout is max(this x plain wall, 60 s)")
+    ap.add_argument("--timeout-factor", type=float,
+                    help="--set programs: a cell's timeout is max(this x plain wall, 60 s) "
+                    "(default 20; --quick: 10, and 20 s)")
     ap.add_argument("--plain-runs", type=int,
                     help="--set programs: plain runs per program, the fastest counts "
                     "(default 2, --quick 1)")

@@ -38,7 +38,7 @@ stderr (faults by kind, evictions, traffic) plus the last snapshot of its
 stats socket (polled each second: prefetch, waited faults; a cell killed at
 its timeout has only that snapshot) and farmemd's CPU time; swap's major
 faults, swap-ins and swap-outs. A cell is given max(--timeout-factor
-(default 20) x plain wall, 60 s) (--quick: 30 s); one that exceeds it is
+(default 20; --quick 10) x plain wall, 60 s; --quick 20 s); one that exceeds it is
 reported "timeout", a result, not a failure (lower ratios of that system
 are then not run). A cell FAILS (exit status 1) when the program exits
 non-zero or its output's sha256 differs from the plain run's.
@@ -379,7 +379,7 @@ class Programs:
         else:
             P = plain["peak_rss_bytes"]
             timeout = self.a.timeout or max(self.a.timeout_factor * plain["wall_s"],
-                                            30 if self.a.quick else 60)
+                                            20 if self.a.quick else 60)
             if ratio is not None:
                 cell["target_rss_bytes"] = P * ratio // 100
             if system.startswith("fm-"):
