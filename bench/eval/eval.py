@@ -7,6 +7,13 @@ Run it through bench/eval/run.sh, which builds what it needs first:
     bench/eval/run.sh                    # the default set (~20 min on 2 cores)
     bench/eval/run.sh --quick            # small sizes, ratios 100 and 50 (CI)
     bench/eval/run.sh --out DIR --workloads kv,scan --systems local,fm-tcp,swap
+    bench/eval/run.sh --set programs     # unmodified Debian programs at the same peak RSS
+    bench/eval/run.sh --set programs --quick   # its CI variant (ctest eval_programs_quick)
+
+--set programs (issue 16: xz, GNU sort, zstd, plain / swap / zswap / farmem
+at R x the plain peak RSS, outputs sha256-compared) is bench/eval/programs.py;
+its header says how the limits are derived and what is reported. What
+follows is the default set, --set micro.
 
 Systems
   local        the workload as it is: the reference for checksums and speed
