@@ -162,12 +162,13 @@ def parse_summary(text):
     if m:
         out.update(far_mallocs=int(m.group(1)), far_frees=int(m.group(2)),
                    far_live_bytes=_size(m.group(3)), local_fallbacks=int(m.group(4)))
-    m = re.search(r"resident: peak ([\d.]+ \w+) of a ([\d.]+ \w+) budget; remote ([\d.]+ \w+)", text)
+    m = re.search(r"resident: peak ([\d.]+ \w+) of a ([\d.]+ \w+) budget; "
+                  r"remote ([\d.]+ \w+)", text)
     if m:
         out.update(resident_peak_bytes=_size(m.group(1)), budget_bytes=_size(m.group(2)),
                    remote_bytes=_size(m.group(3)))
-    m = re.search(r"faults: (\d+) zero-fill, (\d+) remote, (\d+) victim-cache, (\d+) write-protect; "
-                  r"fetch p50 (\d+) us, p99 (\d+) us", text)
+    m = re.search(r"faults: (\d+) zero-fill, (\d+) remote, (\d+) victim-cache, "
+                  r"(\d+) write-protect; fetch p50 (\d+) us, p99 (\d+) us", text)
     if m:
         for k, v in zip(("faults_zero", "faults_remote", "faults_victim", "faults_wp",
                          "fetch_p50_us", "fetch_p99_us"), m.groups()):
@@ -182,8 +183,8 @@ def parse_summary(text):
 
 SOCK_KEYS = ("faults_zero", "faults_remote", "faults_victim", "faults_wp", "faults_waited",
              "evictions_clean", "evictions_dirty", "bytes_read", "bytes_written",
-             "prefetch_issued", "prefetch_used", "prefetch_unused", "resident_peak_bytes",
-             "budget_bytes")
+             "prefetch_issued", "prefetch_used", "prefetch_unused", "zero_around",
+             "populated_bytes", "resident_peak_bytes", "budget_bytes")
 
 
 def proc_times(pid):
@@ -361,7 +362,8 @@ class Programs:
             elif snap is not None:  # killed: the last snapshot is all there is
                 cell.update(cell["sock"])
                 cell["notes"].append("farmem counters from the last stats-socket snapshot")
-            for k in ("faults_waited", "prefetch_issued", "prefetch_used", "prefetch_unused"):
+            for k in ("faults_waited", "prefetch_issued", "prefetch_used", "prefetch_unused",
+                      "zero_around", "populated_bytes"):
                 if "sock" in cell and k in cell["sock"]:
                     cell[k] = cell["sock"][k]
 
@@ -440,6 +442,11 @@ class Programs:
                         % (cell.get("checksum"), plain.get("checksum")))
             return
         cell["x_plain"] = round(cell["wall_s"] / plain["wall_s"], 3)
+        # CPU time (user + system) against plain's: less sensitive to other
+        # load than wall time, blind to time spent waiting for I/O.
+        pc = plain["user_s"] + plain["sys_s"]
+        if pc > 0:
+            cell["cpu_x_plain"] = round((cell["user_s"] + cell["sys_s"]) / pc, 3)
         t = cell.get("target_rss_bytes")
         if t:
             cell["off"] = round((cell["peak_rss_bytes"] - t) / t, 4)
@@ -632,11 +639,13 @@ def mib(b):
 
 # ---- output ----------------------------------------------------------------
 CSV_FIELDS = ["workload", "system", "ratio", "status", "wall_s", "user_s", "sys_s",
-              "peak_rss_bytes", "target_rss_bytes", "off", "x_plain", "x_swap", "budget_bytes_set",
+              "peak_rss_bytes", "target_rss_bytes", "off", "x_plain", "cpu_x_plain", "x_swap",
+              "budget_bytes_set",
               "limit_bytes", "max_usage_bytes", "timeout_s", "faults_zero", "faults_remote",
               "faults_victim", "faults_wp", "faults_waited", "evictions_clean",
               "evictions_dirty", "bytes_read", "bytes_written", "prefetch_issued",
-              "prefetch_used", "resident_peak_bytes", "farmemd_cpu_s", "pgmajfault", "pswpin",
+              "prefetch_used", "zero_around", "populated_bytes", "resident_peak_bytes",
+              "local_part_bytes", "farmemd_cpu_s", "pgmajfault", "pswpin",
               "pswpout", "zswpin", "zswpout", "checksum", "reason"]
 
 
@@ -703,11 +712,11 @@ def markdown(meta, cells):
     L += goals(cells)
     L += ["", "Every cell:", "",
           "| program | system | R | status | wall s | user s | sys s | peak RSS MiB | target MiB "
-          "| off | x plain | x swap | farmem faults remote/victim/wp/zero/waited | evictions "
-          "clean/dirty | MiB read/written | prefetch issued/used | farmemd cpu s | swap "
+          "| off | x plain | cpu x plain | x swap "
+          "| farmem faults remote/victim/wp/zero/waited | evictions clean/dirty | MiB read/written | prefetch issued/used | farmemd cpu s | swap "
           "majflt/swapin/zswapin |",
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
-          "--- | --- | --- | --- |"]
+          "--- | --- | --- | --- | --- |"]
     for c in cells:
         def g(k, fmt="%d"):
             v = c.get(k)
@@ -722,6 +731,7 @@ def markdown(meta, cells):
             "%.1f" % (c["target_rss_bytes"] / MiB) if "target_rss_bytes" in c else "",
             "%+.1f%%" % (100 * c["off"]) if c.get("off") is not None else "",
             _fmt_x(c["x_plain"]) if "x_plain" in c else "",
+            _fmt_x(c["cpu_x_plain"]) if "cpu_x_plain" in c else "",
             _fmt_x(c["x_swap"]) if "x_swap" in c else "",
             "%d/%d/%d/%d/%s" % (c["faults_remote"], c.get("faults_victim", 0),
                                 c.get("faults_wp", 0), c.get("faults_zero", 0),
@@ -772,7 +782,21 @@ def goals(cells):
     return out if len(out) > 2 else []
 
 
+def derive(cells):
+    """Ratios that a results.json from an older harness may lack (--replot)."""
+    for c in cells:
+        plain = next((p for p in cells if p["workload"] == c["workload"]
+                      and p["system"] == "local"), None)
+        if (c["status"] != "ok" or c["system"] == "local" or plain is None
+                or plain["status"] != "ok" or "cpu_x_plain" in c):
+            continue
+        pc = plain["user_s"] + plain["sys_s"]
+        if pc > 0:
+            c["cpu_x_plain"] = round((c["user_s"] + c["sys_s"]) / pc, 3)
+
+
 def write_outputs(out, meta, cells):
+    derive(cells)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump({"meta": meta, "cells": cells}, f, indent=1)
