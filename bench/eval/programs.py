@@ -713,8 +713,9 @@ def markdown(meta, cells):
     L += ["", "Every cell:", "",
           "| program | system | R | status | wall s | user s | sys s | peak RSS MiB | target MiB "
           "| off | x plain | cpu x plain | x swap "
-          "| farmem faults remote/victim/wp/zero/waited | evictions clean/dirty | MiB read/written | prefetch issued/used | farmemd cpu s | swap "
-          "majflt/swapin/zswapin |",
+          "| farmem faults remote/victim/wp/zero/waited | evictions clean/dirty "
+          "| MiB read/written | prefetch issued/used | farmemd cpu s "
+          "| swap majflt/swapin/zswapin |",
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
           "--- | --- | --- | --- | --- |"]
     for c in cells:
