@@ -769,8 +769,13 @@ def goals(cells):
                     continue
                 if c["status"] == "timeout":
                     res.append((p, "timeout", False))
-                elif c["status"] != "ok" or key not in c or isinstance(c[key], str):
-                    res.append((p, c["status"] if c["status"] != "ok" else "n/a", None))
+                elif c["status"] != "ok":
+                    res.append((p, c["status"], None))
+                elif key not in c or isinstance(c[key], str):
+                    sw = next((x for x in cells if x["workload"] == p and x["system"] == "swap"
+                               and x["ratio"] == r), None)
+                    why = "swap %s" % sw["status"] if sw is not None else "no swap cell"
+                    res.append((p, "%s (%s)" % (c.get(key, "n/a"), why), None))
                 else:
                     res.append((p, "%.2fx" % c[key], c[key] <= bound))
             if not res:
