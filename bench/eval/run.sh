@@ -27,7 +27,8 @@
 # tree that has them (ctest passes its own). Results go to --out (default
 # bench/eval/results). bench/eval/eval.py is the harness; its header says
 # how the local budget is set for each system. Exit status 1 when a cell
-# failed (error, timeout or a checksum different from all-local).
+# failed (error, timeout or a checksum different from all-local; in the
+# programs set a timeout is a result, not a failure).
 set -euo pipefail
 exec </dev/null
 
