@@ -36,6 +36,9 @@ PACKAGES=(
   time             # /usr/bin/time: tools/demo.sh reports run time and peak RSS
   memcached        # bench/eval: an unmodified memcached runs under the preload library (eval_quick)
   gnuplot-nox      # bench/eval: renders the evaluation plots (PNG, pngcairo) without X
+  xz-utils         # bench/eval --set programs: xz -7 is the large-window compressor run unmodified
+  coreutils        # bench/eval --set programs: GNU sort -S runs unmodified (Essential; listed for the record)
+  zstd             # bench/eval --set programs: zstd -19 --long=27 (128 MiB window) runs unmodified
   # ---- Later issues: Soft-RoCE guest packages (qemu, kernel image, ...) go here.
   # FARMEM-DEPS-SOFTROCE
 )

@@ -7,6 +7,13 @@ Run it through bench/eval/run.sh, which builds what it needs first:
     bench/eval/run.sh                    # the default set (~20 min on 2 cores)
     bench/eval/run.sh --quick            # small sizes, ratios 100 and 50 (CI)
     bench/eval/run.sh --out DIR --workloads kv,scan --systems local,fm-tcp,swap
+    bench/eval/run.sh --set programs     # unmodified Debian programs at the same peak RSS
+    bench/eval/run.sh --set programs --quick   # its CI variant (ctest eval_programs_quick)
+
+--set programs (issue 16: xz, GNU sort, zstd, plain / swap / zswap / farmem
+at R x the plain peak RSS, outputs sha256-compared) is bench/eval/programs.py;
+its header says how the limits are derived and what is reported. What
+follows is the default set, --set micro.
 
 Systems
   local        the workload as it is: the reference for checksums and speed
@@ -920,6 +927,51 @@ def plot(out, cells, meta):
     return made
 
 
+def programs_main(a):
+    """--set programs: the options, then bench/eval/programs.py runs it."""
+    sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+    import programs
+
+    if not a.build_dir:
+        raise SystemExit("eval: --build-dir is required (run.sh passes it)")
+    if a.workloads:
+        raise SystemExit("eval: --workloads is for --set micro; use --programs")
+
+    def listarg(v, allowed, default):
+        if not v:
+            return default
+        items = [x for x in v.split(",") if x]
+        bad = [x for x in items if x not in allowed]
+        if bad:
+            raise SystemExit("eval: unknown %s; choose from %s" % (",".join(bad), ",".join(allowed)))
+        return items
+
+    a.programs = listarg(a.programs, programs.PROGRAMS, programs.PROGRAMS)
+    a.systems = listarg(a.systems, programs.SYSTEMS,
+                        ["local", "fm-tcp"] if a.quick else ["local", "fm-tcp", "swap", "zswap"])
+    a.systems = ["local"] + [s for s in a.systems if s != "local"]
+    if a.ratios:
+        try:
+            a.ratios = sorted({int(x) for x in a.ratios.split(",")}, reverse=True)
+        except ValueError:
+            raise SystemExit("eval: --ratios wants integers, e.g. 100,70")
+        if any(r < 1 or r > 100 for r in a.ratios):
+            raise SystemExit("eval: --ratios must be percentages in 1..100")
+    else:
+        a.ratios = [100, 50] if a.quick else [100, 70, 50]
+    if a.plain_runs is None:
+        a.plain_runs = 1 if a.quick else 2
+    if a.plain_runs < 1:
+        raise SystemExit("eval: --plain-runs must be at least 1")
+    if a.timeout_factor is None:
+        a.timeout_factor = 10 if a.quick else 20
+    if a.timeout_factor <= 0:
+        raise SystemExit("eval: --timeout-factor must be positive")
+    a.out = os.path.abspath(a.out or os.path.join(os.path.dirname(__file__), "results-programs"))
+    a.build_dir = os.path.abspath(a.build_dir)
+    return programs.main(a)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, ratios 100 and 50")
@@ -932,7 +984,27 @@ def main():
     ap.add_argument("--ratios", help="comma list of local-memory percentages")
     ap.add_argument("--timeout", type=int, help="seconds per cell")
     ap.add_argument("--swapfile", help="swapfile path (default /var/tmp/farmem-eval-PID.swap)")
+    ap.add_argument("--set", choices=["micro", "programs"], default="micro",
+                    help="micro: the workloads above (default); programs: unmodified Debian "
+                    "programs at the same peak RSS (bench/eval/programs.py)")
+    ap.add_argument("--programs", help="--set programs: comma list of xz,gnu-sort,zstd")
+    ap.add_argument("--timeout-factor", type=float,
+                    help="--set programs: a cell's timeout is max(this x plain wall, 60 s) "
+                    "(default 20; --quick: 10, and 20 s)")
+    ap.add_argument("--plain-runs", type=int,
+                    help="--set programs: plain runs per program, the fastest counts "
+                    "(default 2, --quick 1)")
     a = ap.parse_args()
+    if a.set == "programs":
+        if a.replot:
+            sys.dont_write_bytecode = True
+            import programs
+
+            with open(os.path.join(a.replot, "results.json")) as f:
+                d = json.load(f)
+            print(programs.write_outputs(a.replot, d["meta"], d["cells"]))
+            return 0
+        return programs_main(a)
     if a.replot:
         with open(os.path.join(a.replot, "results.json")) as f:
             d = json.load(f)
