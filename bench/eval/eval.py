@@ -927,6 +927,17 @@ def plot(out, cells, meta):
     return made
 
 
+def listarg(v, allowed, default):
+    """A comma-list option: its items, each one of allowed; default when empty."""
+    if not v:
+        return default
+    items = [x for x in v.split(",") if x]
+    bad = [x for x in items if x not in allowed]
+    if bad:
+        raise SystemExit("eval: unknown %s; choose from %s" % (",".join(bad), ",".join(allowed)))
+    return items
+
+
 def programs_main(a):
     """--set programs: the options, then bench/eval/programs.py runs it."""
     sys.dont_write_bytecode = True  # no __pycache__ in the source tree
@@ -936,15 +947,6 @@ def programs_main(a):
         raise SystemExit("eval: --build-dir is required (run.sh passes it)")
     if a.workloads:
         raise SystemExit("eval: --workloads is for --set micro; use --programs")
-
-    def listarg(v, allowed, default):
-        if not v:
-            return default
-        items = [x for x in v.split(",") if x]
-        bad = [x for x in items if x not in allowed]
-        if bad:
-            raise SystemExit("eval: unknown %s; choose from %s" % (",".join(bad), ",".join(allowed)))
-        return items
 
     a.programs = listarg(a.programs, programs.PROGRAMS, programs.PROGRAMS)
     a.systems = listarg(a.systems, programs.SYSTEMS,
@@ -1014,15 +1016,6 @@ def main():
         return 0
     if not a.build_dir:
         raise SystemExit("eval: --build-dir is required (run.sh passes it)")
-
-    def listarg(v, allowed, default):
-        if not v:
-            return default
-        items = [x for x in v.split(",") if x]
-        bad = [x for x in items if x not in allowed]
-        if bad:
-            raise SystemExit("eval: unknown %s; choose from %s" % (",".join(bad), ",".join(allowed)))
-        return items
 
     a.systems = listarg(a.systems, SYSTEMS,
                         ["local", "fm-tcp", "swap"] if a.quick else SYSTEMS)
