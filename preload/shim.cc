@@ -15,7 +15,9 @@
 // glibc's does (bench/alloc_bench.cc, BM_*Small). free/realloc/
 // malloc_usable_size route by address: one subtraction and compare against
 // the far region. An allocation the far region cannot hold falls back to
-// glibc (counted in the statistics).
+// glibc (counted in the statistics). Private anonymous mmap()s of at least
+// FARMEM_MMAP_MIN go far too, with munmap, mremap, madvise and mprotect
+// interposed on them: see "Anonymous mmap" at the end of this file.
 //
 // Life cycle (one state word):
 //

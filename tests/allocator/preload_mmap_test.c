@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -429,6 +430,79 @@ static void test_fork_sees_data(void) {
   munmap(p, n);
 }
 
+/* Four threads mapping, growing, shrinking, advising and unmapping their
+ * own mappings at once (the range map is shared): every page reads what
+ * its thread wrote, or zeros where it must. */
+static int g_thread_bad;
+static void* churn_thread(void* arg) {
+  unsigned seed = (unsigned)(uintptr_t)arg;
+  enum { kSlots = 8 };
+  char* m[kSlots] = {0};
+  size_t len[kSlots] = {0};
+  int bad = 0;
+  for (int it = 0; it < 600; ++it) {
+    int k = (int)(rand_r(&seed) % kSlots);
+    char tag = (char)(k + 1);
+    if (m[k] == NULL) {
+      len[k] = (size_t)(4 + rand_r(&seed) % 28) * 16384;
+      m[k] = map(len[k]);
+      for (size_t i = 0; i < len[k]; i += 4096) {
+        bad += m[k][i] != 0;
+        m[k][i] = tag;
+      }
+      continue;
+    }
+    for (size_t i = 0; i < len[k]; i += 4096) bad += m[k][i] != tag;
+    switch (rand_r(&seed) % 4) {
+      case 0:
+        bad += munmap(m[k], len[k]) != 0;
+        m[k] = NULL;
+        break;
+      case 1: {
+        size_t nl = (size_t)(4 + rand_r(&seed) % 28) * 16384;
+        char* q = mremap(m[k], len[k], nl, MREMAP_MAYMOVE);
+        if (q == MAP_FAILED) {
+          ++bad;
+          break;
+        }
+        for (size_t i = len[k]; i < nl; i += 4096) {
+          bad += q[i] != 0;
+          q[i] = tag;
+        }
+        m[k] = q;
+        len[k] = nl;
+        break;
+      }
+      case 2:
+        bad += madvise(m[k], len[k], MADV_DONTNEED) != 0;
+        for (size_t i = 0; i < len[k]; i += 4096) {
+          bad += m[k][i] != 0;
+          m[k][i] = tag;
+        }
+        break;
+      default:
+        if (len[k] > 8192) {
+          bad += munmap(m[k] + len[k] - 4096, 4096) != 0;
+          len[k] -= 4096;
+        }
+        break;
+    }
+  }
+  for (int k = 0; k < kSlots; ++k)
+    if (m[k]) bad += munmap(m[k], len[k]) != 0;
+  __atomic_add_fetch(&g_thread_bad, bad, __ATOMIC_RELAXED);
+  return NULL;
+}
+
+static void test_threads(void) {
+  pthread_t t[4];
+  for (int i = 0; i < 4; ++i)
+    CHECK(pthread_create(&t[i], NULL, churn_thread, (void*)(uintptr_t)(i + 1)) == 0,
+          "pthread_create");
+  for (int i = 0; i < 4; ++i) pthread_join(t[i], NULL);
+  CHECK(g_thread_bad == 0, "%d wrong pages or failed calls in four threads", g_thread_bad);
+}
+
 int main(void) {
   const char* e = getenv("MMAP_TEST_FAR");
   g_far = e && strcmp(e, "1") == 0;
@@ -443,6 +517,7 @@ int main(void) {
   test_left_to_kernel();
   test_syscall_into_far();
   test_fork_sees_data();
+  test_threads();
   printf("%s: %d failed checks (%s)\n", g_failures ? "FAIL" : "PASS", g_failures,
          g_far ? "far memory" : "kernel");
   return g_failures ? 1 : 0;
