@@ -51,7 +51,10 @@ struct FarOptions {
   bool thread_cache = false;
   // Preload library only.
   uint64_t min_far = 0;  // smaller allocations stay local (0: every size is far)
-  bool stats = false;    // summary on stderr at exit
+  // Private anonymous read-write mmap()s of at least this many bytes go to
+  // far memory (FARMEM_MMAP_MIN; preload/shim.cc, "Anonymous mmap"); 0: none.
+  uint64_t mmap_min = 64 << 10;
+  bool stats = false;  // summary on stderr at exit
   NoDonorPolicy on_no_donor = NoDonorPolicy::kFail;
   // A Unix socket with live statistics for `farmemctl stats PID`
   // (FARMEM_STATS_SOCKET; fm_init with a config reads the variable too).

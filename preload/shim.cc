@@ -15,7 +15,9 @@
 // glibc's does (bench/alloc_bench.cc, BM_*Small). free/realloc/
 // malloc_usable_size route by address: one subtraction and compare against
 // the far region. An allocation the far region cannot hold falls back to
-// glibc (counted in the statistics).
+// glibc (counted in the statistics). Private anonymous mmap()s of at least
+// FARMEM_MMAP_MIN go far too, with munmap, mremap, madvise and mprotect
+// interposed on them: see "Anonymous mmap" at the end of this file.
 //
 // Life cycle (one state word):
 //
@@ -68,9 +70,13 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -117,6 +123,13 @@ std::atomic<uintptr_t> g_base{0};
 std::atomic<uintptr_t> g_size{0};  // 0: nothing is far
 std::atomic<FarHeap*> g_heap{nullptr};
 farmem::FarOptions* g_opts = nullptr;  // from the ctor, never freed
+// Anonymous mmap (below): its switch and the lock of its range map, which
+// fork() holds across the fork.
+extern std::atomic<size_t> g_mmap_min;
+void mm_fork_lock();
+void mm_fork_unlock();
+void mm_init_self();
+void mm_print_stats(char* buf, size_t n);
 
 using UsableFn = size_t (*)(void*);
 using CreateFn = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*);
@@ -187,6 +200,7 @@ __attribute__((noinline)) void start_runtime() {
                "preload: far memory unavailable, running all-local (FARMEM_ON_NO_DONOR=local): %s",
                st.to_string().c_str());
     g_min_far.store(SIZE_MAX, std::memory_order_relaxed);
+    g_mmap_min.store(SIZE_MAX, std::memory_order_relaxed);
     g_state.store(kOff, std::memory_order_release);
     return;
   }
@@ -274,6 +288,7 @@ void on_fork_prepare() {
   if (b == nullptr || g_fork_child) return;
   farmem::LocalScope local;
   const int saved = errno;  // fork()'s caller sees its own errno
+  mm_fork_lock();           // no mmap of ours is half done in the child
   farmem::Status st = b->prepare_fork();
   if (!st.ok()) {
     char msg[768];
@@ -290,6 +305,7 @@ void on_fork_prepare() {
 void on_fork_parent() {
   if (!t_fork_prepared) return;
   t_fork_prepared = false;
+  mm_fork_unlock();
   const int saved = errno;  // a failed fork's EAGAIN/ENOMEM, for its caller
   farmem::LocalScope local;
   if (farmem::FarBacking* b = fork_backing()) b->fork_parent();
@@ -297,7 +313,9 @@ void on_fork_parent() {
 }
 
 void on_fork_child() {
+  if (t_fork_prepared) mm_fork_unlock();
   t_fork_prepared = false;
+  g_mmap_min.store(SIZE_MAX, std::memory_order_relaxed);
   farmem::FarBacking* b = fork_backing();
   g_fork_child = true;
   int s = g_state.load(std::memory_order_relaxed);
@@ -339,6 +357,8 @@ void print_stats() {
              format_size(g_opts->populate_max).c_str());
     write_stderr(msg);
   }
+  mm_print_stats(msg, sizeof msg);
+  write_stderr(msg);
 }
 
 __attribute__((constructor)) void preload_init() {
@@ -363,6 +383,9 @@ __attribute__((constructor)) void preload_init() {
   g_opts->thread_cache = true;
   g_min_far.store(g_opts->min_far > kStartMin ? g_opts->min_far : kStartMin,
                   std::memory_order_relaxed);
+  mm_init_self();
+  // A qualifying mmap starts the runtime too (see Anonymous mmap).
+  g_mmap_min.store(g_opts->mmap_min == 0 ? SIZE_MAX : g_opts->mmap_min, std::memory_order_relaxed);
   g_state.store(kArmed, std::memory_order_release);
 }
 
@@ -514,4 +537,466 @@ FARMEM_EXPORT int pthread_create(pthread_t* t, const pthread_attr_t* attr, void*
   int rc = real(t, attr, &local_thread_main, tr);
   if (rc != 0) __libc_free(tr);
   return rc;
+}
+
+// ---- anonymous mmap ---------------------------------------------------------
+//
+// Anonymous mmap. Once the runtime runs (or to start it, as a large malloc
+// does), an application's mmap()/mmap64() of at least FARMEM_MMAP_MIN bytes
+// (default 64K; 0: off) that is exactly
+//   addr NULL, prot PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS
+//   [| MAP_NORESERVE | MAP_POPULATE], fd -1, offset 0
+// gets a page-aligned range of the far region instead, from the far heap's
+// extent allocator (ExtentSpace::alloc: fresh or dropped space, so it reads
+// as zeros). Everything else stays with the kernel: MAP_SHARED, files,
+// PROT_EXEC or PROT_NONE, MAP_FIXED*, MAP_STACK, MAP_GROWSDOWN,
+// MAP_HUGETLB, MAP_32BIT, MAP_LOCKED, an address hint, and every call made
+// by this library itself (jemalloc's own metadata, the pager, found by the
+// caller's return address) or in a LocalScope. glibc's own mmaps (malloc's
+// large chunks, thread stacks, ld.so) are internal calls and never reach us.
+//
+// The ranges handed out are kept in a sorted array of [begin, end) (g_mm,
+// memory from the kernel, never from a heap, one mutex), so that on them:
+//   munmap       drops the pages (they read as zeros, budget and remote copies
+//                freed) and gives the range back; partial unmaps work; parts
+//                of the far region not handed out by mmap are left alone
+//   madvise      DONTNEED / FREE: drop (reads back zeros); WIPEONFORK and
+//                REMOVE: EINVAL (cannot be honoured); other known advice: 0
+//   mremap       shrink in place; grow in place when the space after it is
+//                free, else move (MREMAP_MAYMOVE; without it ENOMEM);
+//                MREMAP_FIXED / MREMAP_DONTUNMAP: EINVAL
+//   mprotect     PROT_READ|PROT_WRITE: 0; anything else: EACCES (the pager
+//                reads and fills the region itself: it cannot be protected)
+//   mmap FIXED   over a range of ours with the qualifying prot and flags:
+//                its pages are dropped (a fresh zeroed mapping); any other
+//                MAP_FIXED into the far region: EINVAL, MAP_FIXED_NOREPLACE:
+//                EEXIST (the kernel would replace the pager's mapping)
+// Calls on ranges outside the far region, or parts of them, go to the
+// kernel. The rest of the far region (the far heap's malloc memory) is
+// read-write memory to them too: madvise(DONTNEED / FREE) drops its pages
+// (they read as zeros, as from the kernel; jemalloc keeps no metadata
+// there), mprotect as above, munmap leaves it alone (it is not a mapping of
+// the program's). The kernel never sees a call on the far region: it would
+// split, protect or drop the pager's mapping under it. fork(): the far
+// region's snapshot covers these ranges (the child sees them as at the
+// fork); in the child new mappings come from the kernel and dropped pages
+// are zeroed with memset.
+
+namespace {
+
+std::atomic<size_t> g_mmap_min{SIZE_MAX};  // SIZE_MAX: off (or not yet / no more)
+uintptr_t g_self_lo = 0, g_self_len = 0;   // this library's loaded segments
+std::atomic<uint64_t> g_mmap_count{0}, g_mmap_bytes{0}, g_mmap_fallbacks{0};
+constexpr uintptr_t kPageMask = 4095;
+
+void* sys_mmap(void* a, size_t n, int prot, int flags, int fd, off_t off) {
+  return reinterpret_cast<void*>(syscall(SYS_mmap, a, n, prot, flags, fd, off));
+}
+int sys_munmap(void* a, size_t n) {
+  return static_cast<int>(syscall(SYS_munmap, a, n));
+}
+
+int find_self(struct dl_phdr_info* info, size_t, void*) {
+  const uintptr_t me = reinterpret_cast<uintptr_t>(&find_self);
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  bool mine = false;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const auto& ph = info->dlpi_phdr[i];
+    if (ph.p_type != PT_LOAD) continue;
+    const uintptr_t b = info->dlpi_addr + ph.p_vaddr, e = b + ph.p_memsz;
+    if (b < lo) lo = b;
+    if (e > hi) hi = e;
+    if (me >= b && me < e) mine = true;
+  }
+  if (!mine) return 0;
+  g_self_lo = lo;
+  g_self_len = hi - lo;
+  return 1;
+}
+
+inline bool from_self(uintptr_t ra) {
+  return ra - g_self_lo < g_self_len;
+}
+// Calls made by this library (the pager drops pages with madvise) or its
+// threads go straight to the kernel.
+inline bool mm_kernel_caller(void* ra) {
+  return from_self(reinterpret_cast<uintptr_t>(ra)) || farmem::in_local_scope();
+}
+
+// The ranges handed out by mmap, sorted by begin, disjoint.
+struct MmRange {
+  uintptr_t b, e;
+};
+struct MmMap {
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  MmRange* r = nullptr;
+  size_t n = 0, cap = 0;
+
+  // Room for `more` entries; false when the kernel has no memory.
+  bool reserve(size_t more) {
+    if (n + more <= cap) return true;
+    size_t c = cap ? cap * 2 : 256;
+    while (c < n + more) c *= 2;
+    void* p = r ? reinterpret_cast<void*>(syscall(SYS_mremap, r, cap * sizeof(MmRange),
+                                                  c * sizeof(MmRange), MREMAP_MAYMOVE))
+                : sys_mmap(nullptr, c * sizeof(MmRange), PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return false;
+    r = static_cast<MmRange*>(p);
+    cap = c;
+    return true;
+  }
+  // First entry with e > a.
+  size_t lower(uintptr_t a) const {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+      size_t m = (lo + hi) / 2;
+      if (r[m].e <= a) {
+        lo = m + 1;
+      } else {
+        hi = m;
+      }
+    }
+    return lo;
+  }
+  // reserve(1) first.
+  void insert(uintptr_t b, uintptr_t e) {
+    size_t i = lower(b);
+    memmove(&r[i + 1], &r[i], (n - i) * sizeof(MmRange));
+    r[i] = MmRange{b, e};
+    ++n;
+  }
+  // Is [b, e) entirely ours?
+  bool covered(uintptr_t b, uintptr_t e) const {
+    for (size_t i = lower(b); i < n && b < e; ++i) {
+      if (r[i].b > b) return false;
+      b = r[i].e;
+    }
+    return b >= e;
+  }
+  // Index of the entry holding a, or n.
+  size_t holding(uintptr_t a) const {
+    size_t i = lower(a);
+    return i < n && r[i].b <= a ? i : n;
+  }
+};
+MmMap g_mm;
+
+struct MmLock {
+  MmLock() { pthread_mutex_lock(&g_mm.mu); }
+  ~MmLock() { pthread_mutex_unlock(&g_mm.mu); }
+  MmLock(const MmLock&) = delete;
+  MmLock& operator=(const MmLock&) = delete;
+};
+
+void mm_fork_lock() {
+  pthread_mutex_lock(&g_mm.mu);
+}
+void mm_fork_unlock() {
+  pthread_mutex_unlock(&g_mm.mu);
+}
+void mm_init_self() {
+  dl_iterate_phdr(&find_self, nullptr);
+}
+void mm_print_stats(char* buf, size_t n) {
+  snprintf(buf, n,
+           "farmem: stats: anonymous mmap: %llu mappings far (FARMEM_MMAP_MIN %s), %s live; %llu "
+           "left to the kernel (far region full)\n",
+           (unsigned long long)g_mmap_count.load(std::memory_order_relaxed),
+           g_opts->mmap_min ? farmem::format_size(g_opts->mmap_min).c_str() : "0, off",
+           farmem::format_size(g_mmap_bytes.load(std::memory_order_relaxed)).c_str(),
+           (unsigned long long)g_mmap_fallbacks.load(std::memory_order_relaxed));
+}
+
+inline uintptr_t page_up(uintptr_t n) {
+  return (n + kPageMask) & ~kPageMask;
+}
+
+// [b, e) ∩ the far region; false when empty.
+bool far_part(uintptr_t b, uintptr_t e, uintptr_t* fb, uintptr_t* fe) {
+  const uintptr_t base = g_base.load(std::memory_order_acquire);
+  const uintptr_t size = g_size.load(std::memory_order_acquire);
+  if (size == 0) return false;
+  *fb = b > base ? b : base;
+  *fe = e < base + size ? e : base + size;
+  return *fb < *fe;
+}
+
+// The kernel's parts of [b, e) around the far part [fb, fe): fn(ptr, len)
+// for each; the first failure is returned.
+template <class Fn>
+int kernel_parts(uintptr_t b, uintptr_t e, uintptr_t fb, uintptr_t fe, Fn fn) {
+  if (b < fb) {
+    if (int rc = fn(reinterpret_cast<void*>(b), fb - b); rc != 0) return rc;
+  }
+  if (fe < e) return fn(reinterpret_cast<void*>(fe), e - fe);
+  return 0;
+}
+
+inline FarHeap* mm_heap() {
+  return g_heap.load(std::memory_order_acquire);
+}
+
+// Makes [b, e) (ours) read as zeros: drop, or in a fork()ed child (where
+// the pages cannot be dropped) zero them.
+void mm_zero(uintptr_t b, uintptr_t e) {
+  farmem::LocalScope local;
+  if (!mm_heap()->space().drop(reinterpret_cast<void*>(b), e - b)) {
+    memset(reinterpret_cast<void*>(b), 0, e - b);
+  }
+}
+
+// Removes [b, e) from the map and gives the pieces of it that were ours
+// back to the far heap (their pages dropped). g_mm.mu held. false: no
+// memory for a split (nothing changed).
+bool mm_unmap_locked(uintptr_t b, uintptr_t e) {
+  if (b >= e) return true;
+  if (!g_mm.reserve(1)) return false;
+  farmem::LocalScope local;
+  FarHeap* h = mm_heap();
+  size_t i = g_mm.lower(b);
+  while (i < g_mm.n && g_mm.r[i].b < e) {
+    MmRange& r = g_mm.r[i];
+    const uintptr_t ib = r.b > b ? r.b : b, ie = r.e < e ? r.e : e;
+    // In a fork()ed child the drop fails and the range is not reused: the
+    // child keeps the parent's snapshot pages there (nothing is lost).
+    (void)h->space().give_back(reinterpret_cast<void*>(ib), ie - ib, true, true);
+    g_mmap_bytes.fetch_sub(ie - ib, std::memory_order_relaxed);
+    if (r.b < ib && r.e > ie) {  // split
+      const uintptr_t tail_e = r.e;
+      r.e = ib;
+      g_mm.insert(ie, tail_e);
+      return true;
+    }
+    if (r.b < ib) {
+      r.e = ib;
+      ++i;
+    } else if (r.e > ie) {
+      r.b = ie;
+      ++i;
+    } else {
+      memmove(&g_mm.r[i], &g_mm.r[i + 1], (g_mm.n - i - 1) * sizeof(MmRange));
+      --g_mm.n;
+    }
+  }
+  return true;
+}
+
+inline bool mm_qualifies(void* addr, int prot, int flags, int fd, off_t off) {
+  return addr == nullptr && fd == -1 && off == 0 && prot == (PROT_READ | PROT_WRITE) &&
+         (flags & ~(MAP_NORESERVE | MAP_POPULATE)) == (MAP_PRIVATE | MAP_ANONYMOUS);
+}
+
+// A far range of n bytes (page multiple) in the map; nullptr: go to the kernel.
+void* mm_far_map(size_t n) {
+  FarHeap* h = far_heap();  // starts the runtime while kArmed
+  if (h == nullptr || g_fork_child) return nullptr;
+  farmem::LocalScope local;
+  MmLock lk;
+  if (!g_mm.reserve(1)) return nullptr;
+  void* p = h->space().alloc(nullptr, n, 4096);
+  if (p == nullptr) {
+    g_mmap_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p);
+  g_mm.insert(b, b + n);
+  g_mmap_count.fetch_add(1, std::memory_order_relaxed);
+  g_mmap_bytes.fetch_add(n, std::memory_order_relaxed);
+  return p;
+}
+
+void* mm_fail(int err) {
+  errno = err;
+  return MAP_FAILED;
+}
+
+// MAP_FIXED / MAP_FIXED_NOREPLACE overlapping the far region [fb, fe).
+void* mm_fixed_in_far(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
+  const uintptr_t b = reinterpret_cast<uintptr_t>(addr);
+  if ((b & kPageMask) != 0 || len == 0) return mm_fail(EINVAL);
+  const uintptr_t e = b + page_up(len);
+  if (flags & MAP_FIXED_NOREPLACE) return mm_fail(EEXIST);
+  const int plain = flags & ~MAP_FIXED;
+  MmLock lk;
+  if (!mm_qualifies(nullptr, prot, plain, fd, off) || !g_mm.covered(b, e)) {
+    return mm_fail(EINVAL);
+  }
+  mm_zero(b, e);
+  return addr;
+}
+
+}  // namespace
+
+FARMEM_EXPORT void* mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off) noexcept {
+  const uintptr_t ra = reinterpret_cast<uintptr_t>(__builtin_return_address(0));
+  if (__builtin_expect(from_self(ra), 0) || farmem::in_local_scope()) {
+    return sys_mmap(addr, len, prot, flags, fd, off);
+  }
+  if (flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) {
+    const uintptr_t b = reinterpret_cast<uintptr_t>(addr);
+    uintptr_t fb, fe;
+    if (len != 0 && b + len > b && far_part(b & ~kPageMask, page_up(b + len), &fb, &fe)) {
+      return mm_fixed_in_far(addr, len, prot, flags, fd, off);
+    }
+  } else if (len >= g_mmap_min.load(std::memory_order_relaxed) &&
+             mm_qualifies(addr, prot, flags, fd, off) && !farmem::in_local_scope() &&
+             len <= (SIZE_MAX >> 1)) {
+    if (void* p = mm_far_map(page_up(len))) return p;
+  }
+  return sys_mmap(addr, len, prot, flags, fd, off);
+}
+
+FARMEM_EXPORT void* mmap64(void* addr, size_t len, int prot, int flags, int fd, off_t off) noexcept
+    __attribute__((alias("mmap")));
+
+FARMEM_EXPORT int munmap(void* addr, size_t len) noexcept {
+  const uintptr_t b = reinterpret_cast<uintptr_t>(addr);
+  const uintptr_t e = page_up(b + len);
+  uintptr_t fb, fe;
+  if (len == 0 || e < b || mm_kernel_caller(__builtin_return_address(0)) ||
+      !far_part(b, e, &fb, &fe)) {
+    return sys_munmap(addr, len);
+  }
+  if ((b & kPageMask) != 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  {
+    MmLock lk;
+    if (!mm_unmap_locked(fb, fe)) {
+      errno = ENOMEM;
+      return -1;
+    }
+  }
+  return kernel_parts(b, e, fb, fe, [](void* p, size_t n) { return sys_munmap(p, n); });
+}
+
+FARMEM_EXPORT int madvise(void* addr, size_t len, int advice) noexcept {
+  const uintptr_t b = reinterpret_cast<uintptr_t>(addr);
+  const uintptr_t e = page_up(b + len);
+  uintptr_t fb, fe;
+  auto kernel = [advice](void* p, size_t n) {
+    return static_cast<int>(syscall(SYS_madvise, p, n, advice));
+  };
+  if (len == 0 || e < b || mm_kernel_caller(__builtin_return_address(0)) ||
+      !far_part(b, e, &fb, &fe)) {
+    return kernel(addr, len);
+  }
+  if ((b & kPageMask) != 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  switch (advice) {
+    case MADV_DONTNEED:
+    case MADV_FREE:
+    case MADV_NORMAL:
+    case MADV_RANDOM:
+    case MADV_SEQUENTIAL:
+    case MADV_WILLNEED:
+    case MADV_COLD:
+    case MADV_PAGEOUT:
+    case MADV_DONTDUMP:
+    case MADV_DODUMP:
+    case MADV_HUGEPAGE:
+    case MADV_NOHUGEPAGE:
+    case MADV_MERGEABLE:
+    case MADV_UNMERGEABLE:
+    case MADV_DONTFORK:
+    case MADV_DOFORK:
+    case MADV_KEEPONFORK:
+      break;
+    default:  // MADV_REMOVE, MADV_WIPEONFORK, MADV_HWPOISON, ...: not on far memory
+      errno = EINVAL;
+      return -1;
+  }
+  if (advice == MADV_DONTNEED || advice == MADV_FREE) {
+    MmLock lk;
+    mm_zero(fb, fe);
+  }
+  return kernel_parts(b, e, fb, fe, kernel);
+}
+
+FARMEM_EXPORT int mprotect(void* addr, size_t len, int prot) noexcept {
+  const uintptr_t b = reinterpret_cast<uintptr_t>(addr);
+  const uintptr_t e = page_up(b + len);
+  uintptr_t fb, fe;
+  auto kernel = [prot](void* p, size_t n) {
+    return static_cast<int>(syscall(SYS_mprotect, p, n, prot));
+  };
+  if (len == 0 || e < b || mm_kernel_caller(__builtin_return_address(0)) ||
+      !far_part(b, e, &fb, &fe)) {
+    return kernel(addr, len);
+  }
+  if ((b & kPageMask) != 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  if (prot != (PROT_READ | PROT_WRITE)) {
+    errno = EACCES;
+    return -1;
+  }
+  return kernel_parts(b, e, fb, fe, kernel);
+}
+
+FARMEM_EXPORT void* mremap(void* old, size_t old_len, size_t new_len, int flags, ...) noexcept {
+  void* want = nullptr;
+  if (flags & MREMAP_FIXED) {
+    va_list ap;
+    va_start(ap, flags);
+    want = va_arg(ap, void*);
+    va_end(ap);
+  }
+  const uintptr_t b = reinterpret_cast<uintptr_t>(old);
+  uintptr_t fb, fe;
+  const size_t probe = old_len ? old_len : 1;  // 0 (duplicate a shared mapping): refused below
+  const bool ours = b + probe > b && !mm_kernel_caller(__builtin_return_address(0)) &&
+                    far_part(b, page_up(b + probe), &fb, &fe);
+  if (!ours) {
+    // The kernel's mapping; it may not move into the far region.
+    if (flags & MREMAP_FIXED) {
+      const uintptr_t w = reinterpret_cast<uintptr_t>(want);
+      if (new_len != 0 && w + new_len > w && far_part(w, page_up(w + new_len), &fb, &fe)) {
+        return mm_fail(EINVAL);
+      }
+    }
+    return reinterpret_cast<void*>(syscall(SYS_mremap, old, old_len, new_len, flags, want));
+  }
+  if ((b & kPageMask) != 0 || old_len == 0 || new_len == 0 || new_len > (SIZE_MAX >> 1) ||
+      (flags & ~MREMAP_MAYMOVE) != 0) {
+    return mm_fail(EINVAL);
+  }
+  const size_t on = page_up(old_len), nn = page_up(new_len);
+  const uintptr_t e = b + on;
+  farmem::LocalScope local;
+  MmLock lk;
+  const size_t i = g_mm.holding(b);
+  if (i == g_mm.n || g_mm.r[i].e < e) return mm_fail(EFAULT);  // not one mapping of ours
+  if (nn <= on) {
+    if (!mm_unmap_locked(b + nn, e)) return mm_fail(ENOMEM);
+    return old;
+  }
+  FarHeap* h = mm_heap();
+  const size_t grow = nn - on;
+  if (g_mm.r[i].e == e && !g_fork_child &&
+      h->space().alloc(reinterpret_cast<void*>(e), grow, 4096) != nullptr) {
+    g_mm.r[i].e = e + grow;  // the next entry starts beyond: that space was free
+    g_mmap_bytes.fetch_add(grow, std::memory_order_relaxed);
+    return old;
+  }
+  if (!(flags & MREMAP_MAYMOVE)) return mm_fail(ENOMEM);
+  if (!g_mm.reserve(2)) return mm_fail(ENOMEM);
+  void* q = g_fork_child ? nullptr : h->space().alloc(nullptr, nn, 4096);
+  if (q != nullptr) {
+    const uintptr_t qb = reinterpret_cast<uintptr_t>(q);
+    g_mm.insert(qb, qb + nn);
+    g_mmap_count.fetch_add(1, std::memory_order_relaxed);
+    g_mmap_bytes.fetch_add(nn, std::memory_order_relaxed);
+  } else {
+    q = sys_mmap(nullptr, nn, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (q == MAP_FAILED) return q;
+  }
+  memcpy(q, old, on);
+  (void)mm_unmap_locked(b, e);  // reserved above: cannot fail
+  return q;
 }
