@@ -733,6 +733,21 @@ int kernel_parts(uintptr_t b, uintptr_t e, uintptr_t fb, uintptr_t fe, Fn fn) {
   return 0;
 }
 
+// Where a munmap / madvise / mprotect of [addr, addr+len) goes. kKernel:
+// no far part (or a call from our own library): the kernel's alone.
+// kInvalid: a far part but addr is not page-aligned (EINVAL). kFar: [*b,
+// *e) is the page-rounded range and [*fb, *fe) its far part.
+enum class MmRoute { kKernel, kInvalid, kFar };
+MmRoute mm_route(void* addr, size_t len, void* caller, uintptr_t* b, uintptr_t* e, uintptr_t* fb,
+                 uintptr_t* fe) {
+  *b = reinterpret_cast<uintptr_t>(addr);
+  *e = page_up(*b + len);
+  if (len == 0 || *e < *b || mm_kernel_caller(caller) || !far_part(*b, *e, fb, fe)) {
+    return MmRoute::kKernel;
+  }
+  return (*b & kPageMask) != 0 ? MmRoute::kInvalid : MmRoute::kFar;
+}
+
 inline FarHeap* mm_heap() {
   return g_heap.load(std::memory_order_acquire);
 }
@@ -851,14 +866,10 @@ FARMEM_EXPORT void* mmap64(void* addr, size_t len, int prot, int flags, int fd, 
     __attribute__((alias("mmap")));
 
 FARMEM_EXPORT int munmap(void* addr, size_t len) noexcept {
-  const uintptr_t b = reinterpret_cast<uintptr_t>(addr);
-  const uintptr_t e = page_up(b + len);
-  uintptr_t fb, fe;
-  if (len == 0 || e < b || mm_kernel_caller(__builtin_return_address(0)) ||
-      !far_part(b, e, &fb, &fe)) {
-    return sys_munmap(addr, len);
-  }
-  if ((b & kPageMask) != 0) {
+  uintptr_t b, e, fb, fe;
+  const MmRoute r = mm_route(addr, len, __builtin_return_address(0), &b, &e, &fb, &fe);
+  if (r == MmRoute::kKernel) return sys_munmap(addr, len);
+  if (r == MmRoute::kInvalid) {
     errno = EINVAL;
     return -1;
   }
@@ -873,17 +884,13 @@ FARMEM_EXPORT int munmap(void* addr, size_t len) noexcept {
 }
 
 FARMEM_EXPORT int madvise(void* addr, size_t len, int advice) noexcept {
-  const uintptr_t b = reinterpret_cast<uintptr_t>(addr);
-  const uintptr_t e = page_up(b + len);
-  uintptr_t fb, fe;
   auto kernel = [advice](void* p, size_t n) {
     return static_cast<int>(syscall(SYS_madvise, p, n, advice));
   };
-  if (len == 0 || e < b || mm_kernel_caller(__builtin_return_address(0)) ||
-      !far_part(b, e, &fb, &fe)) {
-    return kernel(addr, len);
-  }
-  if ((b & kPageMask) != 0) {
+  uintptr_t b, e, fb, fe;
+  const MmRoute r = mm_route(addr, len, __builtin_return_address(0), &b, &e, &fb, &fe);
+  if (r == MmRoute::kKernel) return kernel(addr, len);
+  if (r == MmRoute::kInvalid) {
     errno = EINVAL;
     return -1;
   }
@@ -918,17 +925,13 @@ FARMEM_EXPORT int madvise(void* addr, size_t len, int advice) noexcept {
 }
 
 FARMEM_EXPORT int mprotect(void* addr, size_t len, int prot) noexcept {
-  const uintptr_t b = reinterpret_cast<uintptr_t>(addr);
-  const uintptr_t e = page_up(b + len);
-  uintptr_t fb, fe;
   auto kernel = [prot](void* p, size_t n) {
     return static_cast<int>(syscall(SYS_mprotect, p, n, prot));
   };
-  if (len == 0 || e < b || mm_kernel_caller(__builtin_return_address(0)) ||
-      !far_part(b, e, &fb, &fe)) {
-    return kernel(addr, len);
-  }
-  if ((b & kPageMask) != 0) {
+  uintptr_t b, e, fb, fe;
+  const MmRoute r = mm_route(addr, len, __builtin_return_address(0), &b, &e, &fb, &fe);
+  if (r == MmRoute::kKernel) return kernel(addr, len);
+  if (r == MmRoute::kInvalid) {
     errno = EINVAL;
     return -1;
   }

@@ -771,16 +771,23 @@ CSV_FIELDS = ["workload", "system", "ratio", "status", "runtime_s", "throughput"
               "reason"]
 
 
-def write_outputs(out, meta, cells):
+def write_outputs(out, meta, cells, fields=None, table=None, fix_row=None):
+    """results.json, results.csv (fields, default CSV_FIELDS; fix_row(cell,
+    row) may adjust a row) and table.md (table, default markdown_table())
+    in out; returns the table."""
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump({"meta": meta, "cells": cells}, f, indent=1)
     with open(os.path.join(out, "results.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w = csv.DictWriter(f, fieldnames=fields or CSV_FIELDS, extrasaction="ignore")
         w.writeheader()
         for c in cells:
-            w.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in c.items()})
-    table = markdown_table(cells)
+            row = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in c.items()}
+            if fix_row:
+                fix_row(c, row)
+            w.writerow(row)
+    if table is None:
+        table = markdown_table(cells)
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(table)
     return table

@@ -49,7 +49,6 @@ table with every cell's figures).
 """
 
 import bisect
-import csv
 import datetime
 import hashlib
 import json
@@ -803,21 +802,12 @@ def derive(cells):
 
 def write_outputs(out, meta, cells):
     derive(cells)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump({"meta": meta, "cells": cells}, f, indent=1)
-    with open(os.path.join(out, "results.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        w.writeheader()
-        for c in cells:
-            row = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in c.items()}
-            if c["ratio"] is None:
-                row["ratio"] = "plain" if c["system"] == "local" else "nolimit"
-            w.writerow(row)
-    table = markdown(meta, cells)
-    with open(os.path.join(out, "table.md"), "w") as f:
-        f.write(table)
-    return table
+
+    def fix_row(c, row):
+        if c["ratio"] is None:
+            row["ratio"] = "plain" if c["system"] == "local" else "nolimit"
+
+    return ev.write_outputs(out, meta, cells, CSV_FIELDS, markdown(meta, cells), fix_row)
 
 
 def main(a):
