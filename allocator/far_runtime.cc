@@ -468,6 +468,10 @@ void FarRuntime::fill_stats(StatsSnapshot& s) {
             "never-written pages mapped ahead of a sequential zero fault (no fault of their own)");
   s.counter("zero_cleaned", p.zero_cleaned,
             "dirty pages found all-zero at eviction, dropped without a write");
+  s.counter("zero_mapped", p.zero_mapped,
+            "reads of never-written pages served by the shared zero page (no memory)");
+  s.counter("zero_mapped_written", p.zero_mapped_written,
+            "zero-page-mapped pages written later (given a page by a WP fault)");
   s.counter("evictions_clean", p.evictions_clean, "pages dropped without I/O");
   s.counter("evictions_dirty", p.evictions_dirty, "pages written back, then dropped");
   s.counter("prefetch_issued", p.prefetch_issued, "pages prefetched");

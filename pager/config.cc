@@ -193,6 +193,11 @@ Result<PagerConfig> PagerConfig::from_env(PagerConfig c) {
     if (!r.ok()) return r.status();
     c.written_writable = *r == 1;
   }
+  if (const char* v = getenv("FARMEM_ZERO_PAGE")) {
+    auto r = parse_uint(v, "FARMEM_ZERO_PAGE", 0, 1);
+    if (!r.ok()) return r.status();
+    c.zero_page = *r == 1;
+  }
   FARMEM_RETURN_IF_ERROR(c.validate());
   return c;
 }

@@ -20,6 +20,7 @@
 //   FARMEM_BLOCKING_READ   0 / 1: idle handlers block in read() of the uffd (where supported)
 //   FARMEM_PIN_HANDLERS    0 / 1: one fault handler per allowed CPU, each pinned to its CPU
 //   FARMEM_WRITTEN_WRITABLE  0 / 1: a block seen written in its last stay comes back writable
+//   FARMEM_ZERO_PAGE       0 / 1: a read of never-written memory maps the shared zero page
 #pragma once
 
 #include <cstdint>
@@ -61,6 +62,12 @@ struct PagerConfig {
   // A block seen written in its last stay comes back writable and dirty on
   // a read fault (pager/fault_path.h "Written blocks come back writable").
   bool written_writable = true;
+  // A read fault on a never-written block maps the kernel's shared zero
+  // page, write-protected and outside the budget, as the kernel does for a
+  // plain program; its first write takes a WP fault that gives it a page
+  // (pager/zero_fill.h "Reads of never-written memory"). Ignored with
+  // WP_ASYNC (a write there would not fault).
+  bool zero_page = true;
   // An idle handler waits in a blocking read() of the uffd (one syscall per
   // fault) when the kernel lets the busy ones read without blocking (fault_path.h
   // "Idle handlers block in read()"); false keeps ppoll() + read() (tests).

@@ -403,7 +403,10 @@ size_t Pager<B>::fill_gaps(uint32_t* blocks, uint32_t* words, size_t n, size_t c
       uint32_t w = pt_.load(g);
       // Present and unpinned: on the active list (blocks are pushed before
       // they turn Present and taken off it before they are pinned).
-      if (PageTable::state_of(w) != PageState::kPresent || (w & PageTable::kPinned)) continue;
+      if (PageTable::state_of(w) != PageState::kPresent ||
+          (w & (PageTable::kPinned | PageTable::kZeroMapped))) {
+        continue;
+      }
       if (!pt_.try_transition(g, w, PageTable::with_state(w, PageState::kDemoting))) continue;
       active_.remove(g);
       blocks[out] = g;
@@ -629,7 +632,7 @@ Status Pager<B>::discard(void* addr, size_t len) {
             static_cast<void*>(block_addr(run_first)), strerror(errno));
     }
     for (uint32_t b = run_first; b < run_first + run_len; ++b) {
-      unreserve();
+      if (!(pt_.load(b) & PageTable::kZeroMapped)) unreserve();  // a zero page held no room
       discard_remote(b);
       pt_.finish(b, PageTable::make(PageState::kEmpty, 0, 0));
     }
@@ -652,7 +655,7 @@ Status Pager<B>::discard(void* addr, size_t len) {
       if (s == PageState::kPresent) {
         if (w & PageTable::kPinned) {
           pinned_.fetch_sub(1, std::memory_order_relaxed);  // discard unpins
-        } else {
+        } else if (!(w & PageTable::kZeroMapped)) {         // a zero-mapped block is on no list
           std::lock_guard<std::mutex> lk(list_mu_);
           active_.remove(b);
         }
@@ -703,6 +706,16 @@ Status Pager<B>::evict(void* addr, size_t len) {
         continue;
       }
       if (s == PageState::kPresent && (w & PageTable::kPinned)) break;  // stays until unpin
+      if (s == PageState::kPresent && (w & PageTable::kZeroMapped)) {
+        // Holds no memory: it leaves as never written (Empty), no I/O.
+        if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kDiscarding))) continue;
+        if (madvise(block_addr(b), block_, MADV_DONTNEED) != 0) {
+          fatal("pager: MADV_DONTNEED at %p failed: %s", static_cast<void*>(block_addr(b)),
+                strerror(errno));
+        }
+        pt_.finish(b, PageTable::make(PageState::kEmpty, 0, 0));
+        break;
+      }
       if (s == PageState::kPresent) {
         // Demote into a slot first, exactly as the evictor does.
         uint32_t slot = alloc_slot();

@@ -476,6 +476,30 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
           (void)uffd_.wake(block_addr(b), block_);
           return Outcome::kDone;
         }
+        if (w & PageTable::kZeroMapped) {
+          // The first write to a zero-page-mapped block: it needs a page
+          // now, so it takes room in the budget and joins the active list;
+          // the un-protect wakes the thread, whose write then gets its page
+          // by the kernel's copy-on-write.
+          if (!reserve()) return Outcome::kDefer;
+          if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kProtecting))) {
+            unreserve();
+            continue;
+          }
+          counters_.bump(counters_.faults_wp);
+          counters_.bump(counters_.zero_mapped_written);
+          {
+            std::lock_guard<std::mutex> lk(list_mu_);
+            active_.push_front(b);
+          }
+          int err = 0;
+          if (uffd_.write_protect(block_addr(b), block_, false, &err) != Errc::kOk) {
+            fatal("pager: un-write-protecting zero-mapped block %u at %p failed: %s", b,
+                  static_cast<void*>(block_addr(b)), strerror(err));
+          }
+          pt_.finish(b, PageTable::make(PageState::kPresent, PageTable::kDirty, 0));
+          return Outcome::kDone;
+        }
         if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kProtecting))) continue;
         // Counted before the ioctl that wakes the thread: a thread that
         // faulted finds its fault in the statistics.
@@ -489,6 +513,22 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
         return Outcome::kDone;
       }
       case PageState::kEmpty: {
+        if (!write && zero_page_) {
+          // A read of never-written memory: the shared zero page, no
+          // memory and no budget (zero_fill.h "Reads of never-written
+          // memory").
+          if (!pt_.try_transition(b, w, PageTable::make(PageState::kFetching, 0, 0))) continue;
+          uint32_t first = b;
+          bool continued = false;
+          const uint32_t extra =
+              zero_around_max_ > 0 ? zero_around_claim(b, &first, &continued, false) : 0;
+          counters_.bump(counters_.faults_zero);  // before the wake, as below
+          counters_.bump(counters_.zero_mapped, extra + 1);
+          if (extra > 0) counters_.bump(counters_.zero_around, extra);
+          if (zero_chunk_ > 0) mark_filled(first, extra + 1);
+          install_zero_page(first, extra + 1);
+          return Outcome::kDone;
+        }
         if (!reserve()) return Outcome::kDefer;
         if (!pt_.try_transition(b, w, PageTable::make(PageState::kFetching, 0, 0))) {
           unreserve();

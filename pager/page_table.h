@@ -16,7 +16,8 @@
 //        | word   | remote   | prev     | next     |
 //        +--------+----------+----------+----------+
 //   word (atomic u32):  bits 0-3 state | 4 dirty | 5 prefetched | 6 pinned |
-//                       7 written (Remote) / guessed (resident) | bits 8-31: the local slot index
+//                       7 written (Remote) / guessed (resident) | 8 zero-mapped (Present) |
+//                       bits 9-31: the local slot index
 //                       (kVictim, kPromoting, kWriting, kFetching into a slot), or the pin count
 //                       when bit 6 is set (a pinned block is always Present, or Protecting /
 //                       Discarding owned from Present, so it has no slot)
@@ -99,7 +100,7 @@ bool page_transition_allowed(PageState from, PageState to) noexcept;
 
 inline constexpr uint32_t kNoRemote = UINT32_MAX;  // "no unit" as returned by allocators
 inline constexpr uint32_t kNil = UINT32_MAX;
-inline constexpr uint32_t kNoSlot = (1u << 24) - 1;
+inline constexpr uint32_t kNoSlot = (1u << 23) - 1;
 inline constexpr uint32_t kMaxSlots = kNoSlot;  // slot indices 0 .. kMaxSlots-1
 
 struct BlockMeta {
@@ -129,8 +130,14 @@ class PageTable {
   static constexpr uint32_t kGuessed = 1u << 7;
   // What a resident block's word carries from state to state.
   static constexpr uint32_t kKeep = kDirty | kGuessed;
+  // Present only: the block is mapped to the kernel's shared zero page,
+  // write-protected (a read fault on a never-written block, config.zero_page,
+  // pager/zero_fill.h "Reads of never-written memory"). It holds no memory:
+  // it is not counted in the budget and is on no list; its first write (a
+  // WP fault) reserves room, puts it on the active list and clears the bit.
+  static constexpr uint32_t kZeroMapped = 1u << 8;
   static constexpr uint32_t kMaxPinCount = kNoSlot;
-  static constexpr int kSlotShift = 8;
+  static constexpr int kSlotShift = 9;
 
   PageTable() = default;
   PageTable(const PageTable&) = delete;

@@ -373,11 +373,17 @@ class Pager {
   // budget reserved); returns how many it took (0 .. window) and sets
   // *first to the lowest block of the run: b ascending, b - taken descending.
   // *continued: b continued a stream (false: a new stream starts at b).
-  uint32_t zero_around_claim(uint32_t b, uint32_t* first, bool* continued);
+  // take_room: take budget for them (false: they will map the zero page).
+  uint32_t zero_around_claim(uint32_t b, uint32_t* first, bool* continued, bool take_room = true);
   // Maps [first, first + n) (all owned, Fetching; n >= 2) as zeros; b, the
   // faulting block, is first or first + n - 1; b writable and dirty for a
   // write fault, the others as config.zero_around_writable says.
   void install_zero_run(uint32_t first, uint32_t n, uint32_t b, bool write);
+  // Maps [first, first + n) (owned, Fetching, no budget taken) to the
+  // shared zero page, write-protected, and leaves them Present |
+  // kZeroMapped, on no list (config.zero_page; zero_fill.h "Reads of
+  // never-written memory").
+  void install_zero_page(uint32_t first, uint32_t n);
   // Zero-fill chunks (see "Zero-fill chunks" in zero_fill.h). After a zero fault on
   // b (owned, Fetching, budget reserved) that continues no stream: takes
   // the Empty blocks of b's aligned chunk that no zero fill ever mapped
@@ -483,6 +489,7 @@ class Pager {
   // wrong guess (budget), never correctness, as the page table decides who
   // maps a block (Empty -> Fetching CAS per block).
   uint32_t zero_around_max_ = 0;
+  bool zero_page_ = false;  // config.zero_page, and not WP_ASYNC
   static constexpr size_t kZeroStreams = 8;
   static constexpr uint32_t kZeroAroundMaxBytes = 256u << 10;
   static constexpr uint64_t kZeroEither = 0, kZeroUp = 1, kZeroDown = 2;

@@ -99,6 +99,10 @@ Status Pager<B>::init() {
   FARMEM_RETURN_IF_ERROR(slots_.map(uint64_t{n_slots_} * block_, 4096, false, "victim cache"));
   FARMEM_RETURN_IF_ERROR(setup_move());
   FARMEM_RETURN_IF_ERROR(setup_wp_async());
+  // Under WP_ASYNC a write to a write-protected zero page would be
+  // resolved by the kernel with no event, and the block would never be
+  // counted: no zero page then.
+  zero_page_ = cfg_.zero_page && !use_wp_async_;
   // The zero source of zero faults, fault-around runs included. Never
   // written, so it costs no memory (reads map the kernel's zero page).
   zero_around_max_ = std::min<uint32_t>(cfg_.zero_fault_around, kZeroAroundMaxBytes / block_ - 1);

@@ -92,6 +92,14 @@ Status Pager<B>::pin(void* addr, size_t len) {
     for (;;) {
       uint32_t w = pt_.load(b);
       PageState s = PageTable::state_of(w);
+      if (s == PageState::kPresent && (w & PageTable::kZeroMapped)) {
+        // The shared zero page: give it a page of its own first (a write
+        // that changes nothing takes the WP fault), as a pinned block is
+        // counted and its page must not change under a DMA.
+        __atomic_fetch_add(static_cast<char*>(static_cast<void*>(block_addr(b))), 0,
+                           __ATOMIC_RELAXED);
+        continue;
+      }
       if (s == PageState::kPresent) {
         if (w & PageTable::kPinned) {
           const uint32_t count = PageTable::slot_of(w);

@@ -46,6 +46,8 @@ void PagerCounters::snapshot(PagerStats* s) const {
   s->faults_waited = ld(faults_waited);
   s->zero_around = ld(zero_around);
   s->zero_cleaned = ld(zero_cleaned);
+  s->zero_mapped = ld(zero_mapped);
+  s->zero_mapped_written = ld(zero_mapped_written);
   for (int i = 0; i < LatencyHistogram::kBuckets; ++i) {
     s->fetch_latency.counts[static_cast<size_t>(i)] = ld(latency[i]);
   }
@@ -70,14 +72,16 @@ std::string PagerStats::to_string() const {
   char buf[1024];
   snprintf(
       buf, sizeof buf,
-      "faults: zero %llu (+%llu around) remote %llu wp %llu victim %llu waited %llu; fetch "
-      "p50 %llu us p99 %llu us\n"
+      "faults: zero %llu (+%llu around, %llu zero page, %llu of them written) remote %llu wp "
+      "%llu victim %llu waited %llu; fetch p50 %llu us p99 %llu us\n"
       "evict: demoted %llu clean %llu dirty %llu zero-cleaned %llu wb-errors %llu; moved out "
       "%llu in %llu fallbacks %llu\n"
       "io: reads %llu (%llu B) writes %llu (%llu B)\n"
       "prefetch: issued %llu used %llu mapped %llu unused %llu\n"
       "memory: resident %llu B (peak %llu) of budget %llu B; remote %llu B",
       static_cast<unsigned long long>(faults_zero), static_cast<unsigned long long>(zero_around),
+      static_cast<unsigned long long>(zero_mapped),
+      static_cast<unsigned long long>(zero_mapped_written),
       static_cast<unsigned long long>(faults_remote), static_cast<unsigned long long>(faults_wp),
       static_cast<unsigned long long>(faults_victim),
       static_cast<unsigned long long>(faults_waited),

@@ -37,6 +37,11 @@ struct PagerStats {
   // as never-written (Empty) without a WRITE (mostly fault-around blocks
   // mapped writable and never written).
   uint64_t zero_cleaned = 0;
+  // Read faults on never-written blocks served by the shared zero page
+  // (config.zero_page; part of faults_zero), and how many of those blocks
+  // were written later (a WP fault gave them a page; part of faults_wp).
+  uint64_t zero_mapped = 0;
+  uint64_t zero_mapped_written = 0;
   LatencyHistogram fetch_latency;  // demand READ post -> installed
   // Eviction.
   uint64_t demotions = 0;         // resident -> victim cache
@@ -72,7 +77,7 @@ struct PagerStats {
 // line with the resident counter the evictor polls.
 struct alignas(64) PagerCounters {
   std::atomic<uint64_t> faults_zero{0}, faults_remote{0}, faults_wp{0}, faults_victim{0},
-      faults_waited{0}, zero_around{0}, zero_cleaned{0};
+      faults_waited{0}, zero_around{0}, zero_cleaned{0}, zero_mapped{0}, zero_mapped_written{0};
   std::atomic<uint64_t> latency[LatencyHistogram::kBuckets]{};
   std::atomic<uint64_t> demotions{0}, evictions_clean{0}, evictions_dirty{0}, writeback_errors{0};
   std::atomic<uint64_t> moves_out{0}, moves_in{0}, move_fallbacks{0};

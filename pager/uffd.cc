@@ -250,6 +250,30 @@ Errc Uffd::write_protect(void* addr, size_t len, bool protect, int* err) noexcep
   }
 }
 
+Errc Uffd::zero_protected(void* dst, size_t len, int* err) noexcept {
+  char* at = static_cast<char*>(dst);
+  size_t left = len;
+  while (left > 0) {
+    uffdio_zeropage z{};
+    z.range.start = reinterpret_cast<uintptr_t>(at);
+    z.range.len = left;
+    z.mode = UFFDIO_ZEROPAGE_MODE_DONTWAKE;
+    if (ioctl(fd_.get(), UFFDIO_ZEROPAGE, &z) == 0) break;
+    const int e = errno;
+    if (e == EAGAIN) {  // the address space changed, or a partial fill: retry the rest
+      if (z.zeropage > 0) {
+        at += z.zeropage;
+        left -= static_cast<size_t>(z.zeropage);
+      }
+      continue;
+    }
+    if (err) *err = e;
+    return e == EEXIST ? Errc::kInvalidArgument : Errc::kIo;
+  }
+  if (Errc e = write_protect(dst, len, true, err); e != Errc::kOk) return e;
+  return wake(dst, len);
+}
+
 namespace {
 // How many leading 4 KiB pages of [src, src+len) are gone from src and
 // present at dst (mincore: resident or not), i.e. were moved.
@@ -389,6 +413,8 @@ constexpr unsigned long kPagemapScan = _IOWR('f', 16, PmScanArg);
 constexpr uint64_t kPmScanWpMatching = 1;
 constexpr uint64_t kPmScanCheckWpAsync = 2;
 constexpr uint64_t kPageIsWritten = 1ull << 1;
+constexpr uint64_t kPageIsPresent = 1ull << 3;
+constexpr uint64_t kPageIsPfnZero = 1ull << 5;
 }  // namespace
 
 Result<PagemapScan> PagemapScan::open() {
@@ -431,6 +457,31 @@ long PagemapScan::written(const void* addr, size_t len, Range* out, size_t max,
     start = a.walk_end;
   }
   return static_cast<long>(n);
+}
+
+long PagemapScan::memory_pages(const void* addr, size_t len) const noexcept {
+  PageRegion v[32];
+  long pages = 0;
+  uint64_t start = reinterpret_cast<uintptr_t>(addr);
+  const uint64_t end = start + len;
+  while (start < end) {
+    PmScanArg a{};
+    a.size = sizeof a;
+    a.start = start;
+    a.end = end;
+    a.vec = reinterpret_cast<uintptr_t>(v);
+    a.vec_len = 32;
+    // Present and NOT the zero page.
+    a.category_mask = kPageIsPresent | kPageIsPfnZero;
+    a.category_inverted = kPageIsPfnZero;
+    a.return_mask = kPageIsPresent;
+    long r = ioctl(fd_.get(), kPagemapScan, &a);
+    if (r < 0) return -errno;
+    for (long i = 0; i < r; ++i) pages += static_cast<long>((v[i].end - v[i].start) / 4096);
+    if (a.walk_end <= start || a.walk_end >= end) break;
+    start = a.walk_end;
+  }
+  return pages;
 }
 
 Errc Uffd::wake(void* addr, size_t len) noexcept {

@@ -100,6 +100,13 @@ class Uffd {
   // Sets or clears write protection; clearing wakes the waiters.
   Errc write_protect(void* addr, size_t len, bool protect, int* err = nullptr) noexcept;
   Errc wake(void* addr, size_t len) noexcept;
+  // Maps the kernel's shared zero page over [dst, dst+len) (UFFDIO_ZEROPAGE,
+  // no wake), write-protects it and then wakes the waiters, so that a
+  // waiter's first write takes a WP fault. A thread that is not waiting and
+  // writes between the first two ioctls gets a private copy with no event
+  // (the kernel's copy-on-write); pager/zero_fill.h says why that loses
+  // nothing. EEXIST is kInvalidArgument.
+  Errc zero_protected(void* dst, size_t len, int* err = nullptr) noexcept;
 
   // Blocking reads (fault_path.h "Idle handlers block in read()"). The descriptor
   // is opened non-blocking. enable_blocking_reads() makes read() wait for a
@@ -178,6 +185,10 @@ class PagemapScan {
   // page table). A result of max ranges may be partial: the caller scans
   // the rest from the end of the last one. Never allocates.
   long written(const void* addr, size_t len, Range* out, size_t max, bool reprotect) const noexcept;
+  // 4 KiB pages of [addr, addr+len) that hold memory: mapped, and not the
+  // kernel's shared zero page (which mincore() counts as resident); -errno
+  // on error. Never allocates.
+  long memory_pages(const void* addr, size_t len) const noexcept;
 
  private:
   Fd fd_;

@@ -27,6 +27,8 @@
 #include <utility>
 #include <vector>
 
+#include "pager/uffd.h"
+
 namespace farmem::testing {
 
 inline constexpr size_t kIntegrityPage = 4096;
@@ -93,9 +95,17 @@ inline uint64_t run_integrity_workload(uint8_t* mem, std::vector<uint8_t>& ref, 
   return run_integrity_workload(mem, ref, pages, w, [] {});
 }
 
-// Pages of [p, p+len) mapped right now (mincore): the kernel's view, an
-// independent check of the pager's own resident counter.
+// Pages of [p, p+len) that hold memory right now: the kernel's view, an
+// independent check of the pager's own resident counter. PAGEMAP_SCAN
+// (Linux >= 6.7) leaves out pages mapped to the shared zero page, which
+// hold no memory (the pager maps it for reads of never-written blocks);
+// without it, mincore(), which counts them.
 inline size_t mapped_pages(void* p, size_t len) {
+  static const farmem::Result<farmem::PagemapScan> scan = farmem::PagemapScan::open();
+  if (scan.ok()) {
+    const long n = scan->memory_pages(p, len);
+    if (n >= 0) return static_cast<size_t>(n) * 4096 / kIntegrityPage;
+  }
   std::vector<unsigned char> v(len / kIntegrityPage);
   if (mincore(p, len, v.data()) != 0) return 0;
   size_t n = 0;

@@ -57,6 +57,20 @@ inline PagerConfig small_config(uint64_t budget_pages, uint64_t region_pages) {
   c.local_budget = budget_pages * kPage;
   c.region_size = region_pages * kPage;
   c.handler_threads = 2;
+  // These tests push blocks out, and fill the budget, by READING
+  // never-written pages (touch_pages()); with the shared zero page
+  // (config.zero_page, the default) such reads hold no memory and push
+  // nothing out. Its own tests (pager_zero_page_test.cc) and the integrity
+  // workloads turn it on (zero_page_config()).
+  c.zero_page = false;
+  return c;
+}
+
+// small_config() with the default shared zero page for reads of
+// never-written blocks.
+inline PagerConfig zero_page_config(uint64_t budget_pages, uint64_t region_pages) {
+  PagerConfig c = small_config(budget_pages, region_pages);
+  c.zero_page = true;
   return c;
 }
 

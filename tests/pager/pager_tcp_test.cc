@@ -57,7 +57,7 @@ TEST_P(PagerTcpIntegrityTest, RandomReadWriteMatchesReference) {
   TcpDonorRig rig;
   ASSERT_NO_FATAL_FAILURE(rig.start());
   const size_t budget_pages = 512, region_pages = 10 * budget_pages;
-  auto pr = TP::create(small_config(budget_pages, region_pages), rig.transport(), rig.source());
+  auto pr = TP::create(zero_page_config(budget_pages, region_pages), rig.transport(), rig.source());
   ASSERT_TRUE(pr.ok()) << pr.status().to_string();
   TP& p = **pr;
   auto* mem = static_cast<uint8_t*>(p.base());

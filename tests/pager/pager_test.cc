@@ -46,7 +46,7 @@ TEST_P(PagerIntegrityTest, RandomReadWriteMatchesReference) {
   const IntegrityParam prm = GetParam();
   const size_t budget_pages = 512, region_pages = 10 * budget_pages;
   LoopbackRig rig;
-  PagerConfig c = small_config(budget_pages, region_pages);
+  PagerConfig c = zero_page_config(budget_pages, region_pages);
   c.block_size = prm.block;
   c.handler_threads = 2;
   c.uffd_move = prm.move;

@@ -165,6 +165,20 @@ TEST(PagerConfigTest, FromEnvZeroChunkAndBlockingRead) {
       << bad_chunk.status().message();
 }
 
+TEST(PagerConfigTest, FromEnvZeroPage) {
+  EXPECT_TRUE(PagerConfig{}.zero_page);
+  setenv("FARMEM_ZERO_PAGE", "0", 1);
+  auto c = PagerConfig::from_env(PagerConfig{});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_FALSE(c->zero_page);
+  setenv("FARMEM_ZERO_PAGE", "yes", 1);
+  auto bad = PagerConfig::from_env(PagerConfig{});
+  unsetenv("FARMEM_ZERO_PAGE");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("FARMEM_ZERO_PAGE"), std::string::npos)
+      << bad.status().message();
+}
+
 TEST(PagerConfigTest, FromEnvPinHandlersAndWrittenWritable) {
   EXPECT_TRUE(PagerConfig{}.pin_handlers);
   EXPECT_TRUE(PagerConfig{}.written_writable);
