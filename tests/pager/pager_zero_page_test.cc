@@ -35,11 +35,6 @@ uint64_t sum_pages(const uint8_t* mem, size_t first, size_t pages) {
   return sum;
 }
 
-// Pages of [p, p+len) that hold memory (not mapped, or the zero page, do not).
-size_t memory_pages(void* p, size_t len) {
-  return mapped_pages(p, len);
-}
-
 TEST(PagerZeroPage, ReadsOfNeverWrittenMemoryHoldNoMemory) {
   FARMEM_SKIP_WITHOUT_UFFD();
   LoopbackRig rig;
@@ -58,7 +53,7 @@ TEST(PagerZeroPage, ReadsOfNeverWrittenMemoryHoldNoMemory) {
   for (size_t pg = 0; pg < region; pg += 97) {
     ASSERT_EQ(p.state_of(mem + pg * kPage), PageState::kPresent) << pg;
   }
-  EXPECT_LE(memory_pages(mem, region * kPage), 8u) << "the kernel's view: zero pages only";
+  EXPECT_LE(mapped_pages(mem, region * kPage), 8u) << "the kernel's view: zero pages only";
 }
 
 TEST(PagerZeroPage, FirstWriteGivesAPageCountedAndKeptAcrossEviction) {
@@ -79,7 +74,7 @@ TEST(PagerZeroPage, FirstWriteGivesAPageCountedAndKeptAcrossEviction) {
   EXPECT_EQ(s.zero_mapped_written, n) << s.to_string();
   EXPECT_EQ(s.faults_wp - wp0, n) << "one WP fault per written zero page" << s.to_string();
   EXPECT_EQ(p.resident_bytes(), n * kPage);
-  EXPECT_GE(memory_pages(mem, n * kPage), n);
+  EXPECT_GE(mapped_pages(mem, n * kPage), n);
   EXPECT_EQ(first_bad_page(mem, n, 1), n) << "the writes landed";
   // Push them out with writes elsewhere: they go to the donor and come back.
   for (size_t pg = 100; pg < 100 + 8 * budget; ++pg) mem[pg * kPage] = 1;
@@ -109,7 +104,7 @@ TEST(PagerZeroPage, DiscardEvictAndPinOfZeroMappedBlocks) {
   // pin(): a pinned block holds a page of its own (counted), still zeros.
   ASSERT_TRUE(p.pin(mem + 64 * kPage, 4 * kPage).ok());
   EXPECT_EQ(p.resident_bytes(), 4 * kPage);
-  EXPECT_GE(memory_pages(mem + 64 * kPage, 4 * kPage), 4u);
+  EXPECT_GE(mapped_pages(mem + 64 * kPage, 4 * kPage), 4u);
   EXPECT_EQ(sum_pages(mem, 64, 4), 0u);
   mem[65 * kPage + 7] = 9;
   ASSERT_TRUE(p.unpin(mem + 64 * kPage, 4 * kPage).ok());
