@@ -426,9 +426,9 @@ size_t Pager<B>::fill_gaps(uint32_t* blocks, uint32_t* words, size_t n, size_t c
 // round still needs room after the rest. Without this a scan descheduled
 // for a moment (a loaded machine) had its next markers pushed out by the
 // demotions the window it had mapped caused, and read them twice
-// (PagerTest.SequentialScanHitsPrefetchedPages: 4 of 30 runs beside two
-// busy loops). Read-ahead blocks nobody wants still leave: they reach the
-// tail and, scanned past twice the round, fill the window.
+// (PagerTest.SequentialScanHitsPrefetchedPages, beside two busy loops: 1 of
+// 30 runs; none in 30 after). Read-ahead blocks nobody wants still leave:
+// once the tail's scanned window holds nothing else, they are dropped.
 template <TransportBackend B>
 size_t Pager<B>::drop_victims(size_t max) {
   uint32_t clean_slots[256], ahead[256];
