@@ -464,6 +464,9 @@ void FarRuntime::fill_stats(StatsSnapshot& s) {
   s.counter("faults_wp", p.faults_wp, "first write to a clean resident page");
   s.counter("faults_victim", p.faults_victim, "page found in the local victim cache (no I/O)");
   s.counter("faults_waited", p.faults_waited, "faults that waited for I/O or for budget");
+  s.counter("faults_stale", p.faults_stale,
+            "waits that ended with the page gone again: woken, not fetched (a thread still blocked "
+            "faults anew)");
   s.counter("zero_around", p.zero_around,
             "never-written pages mapped ahead of a sequential zero fault (no fault of their own)");
   s.counter("zero_cleaned", p.zero_cleaned,

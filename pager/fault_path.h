@@ -370,7 +370,8 @@ void Pager<B>::handler_main(Handler& h) {
           (void)uffd_.wake(doorbell_.ptr, kDoorbellBytes);
           continue;
         }
-        if (frozen || handle_fault(h, addr, flags) == Outcome::kDefer) defer(h, addr, flags);
+        const Outcome o = frozen ? Outcome::kDefer : handle_fault(h, addr, flags);
+        if (o != Outcome::kDone) defer(h, addr, flags, o == Outcome::kWait);
       }
     }
     // Frozen: I/O in flight still completes (prepare_fork waits for it).
@@ -402,27 +403,56 @@ void Pager<B>::reap(Handler& h, int timeout_ms) {
 }
 
 template <TransportBackend B>
-void Pager<B>::defer(Handler& h, uint64_t addr, uint64_t flags) {
+void Pager<B>::defer(Handler& h, uint64_t addr, uint64_t flags, bool owner) {
   counters_.bump(counters_.faults_waited);
   uint64_t page = addr & ~uint64_t{4095};
   for (Deferred& d : h.deferred) {
     if ((d.addr & ~uint64_t{4095}) == page) {
       d.flags |= flags;
+      d.owner = d.owner && owner;  // one fault surely blocked: the entry is live
       return;
     }
   }
   // Each entry is a blocked application thread; 4096 of them parked on one
   // handler at once would be a bug.
   FARMEM_BUG_ON(h.deferred.size() == h.deferred.capacity());
-  h.deferred.push_back({addr, flags});
+  h.deferred.push_back({addr, flags, owner});
 }
 
+// Stale entries. A fault parked because another thread owned its block
+// (kWait; a prefetch in flight, most often) may have been answered already:
+// the owner's UFFDIO_COPY wakes every thread waiting on the range, but the
+// entry stays here. Should the block then leave again before this handler
+// comes back (a descheduled handler, a mapped read-ahead block the evictor
+// drops), serving the entry as a fresh fault would READ the block for
+// nobody and start a read-ahead window after it (PagerTest.
+// SequentialScanHitsPrefetchedPages under load: 3 of 30 runs read a block
+// twice). So such an entry, found on a block that is Remote or Empty, is
+// not served: the range is woken and the entry dropped. A thread that was
+// still blocked faults again at once and is served from that fresh
+// message (one more round trip, only on this rare path); one that was not
+// costs nothing. A Victim block is still served (a promotion, no I/O): a
+// scan that catches up with its unmapped read-ahead lands there, and a
+// wake-and-refault would cost it a round trip on every such fault.
 template <TransportBackend B>
 void Pager<B>::run_deferred(Handler& h) {
+  const uintptr_t base = reinterpret_cast<uintptr_t>(region_.ptr);
   size_t keep = 0;
   for (size_t i = 0; i < h.deferred.size(); ++i) {
     Deferred d = h.deferred[i];
-    if (handle_fault(h, d.addr, d.flags) == Outcome::kDefer) h.deferred[keep++] = d;
+    if (d.owner && d.addr >= base && d.addr < base + cfg_.region_size) {
+      const uint32_t b = static_cast<uint32_t>((d.addr - base) / block_);
+      const PageState s = PageTable::state_of(pt_.load(b));
+      if (s == PageState::kRemote || s == PageState::kEmpty) {
+        counters_.bump(counters_.faults_stale);
+        (void)uffd_.wake(block_addr(b), block_);
+        continue;
+      }
+    }
+    const Outcome o = handle_fault(h, d.addr, d.flags);
+    if (o == Outcome::kDone) continue;
+    d.owner = d.owner && o == Outcome::kWait;
+    h.deferred[keep++] = d;
   }
   h.deferred.resize(keep);  // shrinking: no allocation
 }
@@ -617,8 +647,8 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
       default:
         // Fetching, Protecting, Demoting, Promoting, Writing, Discarding:
         // another thread owns the block; this fault waits for it
-        // (invariant 4) and is retried.
-        return Outcome::kDefer;
+        // (invariant 4) and is retried (run_deferred(): "Stale entries").
+        return Outcome::kWait;
     }
   }
 }

@@ -269,6 +269,10 @@ class Pager {
   struct Deferred {
     uint64_t addr;
     uint64_t flags;
+    // Parked only because another thread owned the block (Outcome::kWait):
+    // that owner's install may already have woken the faulting thread, so
+    // the entry may be stale (run_deferred()).
+    bool owner;
   };
   // A prefetch candidate that could not be posted at once (prefetch_after()).
   struct PendingPrefetch {
@@ -313,7 +317,10 @@ class Pager {
     // shared with other writers); stats() sums them with counters_.
     HandlerCounters ctr;
   };
-  enum class Outcome { kDone, kDefer };
+  // kDefer: the fault needs room (budget, staging, queue) and is retried;
+  // kWait: another thread owns the block (a transient state) and the fault
+  // is retried when it settles.
+  enum class Outcome { kDone, kDefer, kWait };
 
   Pager(const PagerConfig& c, B* t, SlabSource* s)
       : cfg_(c), block_(c.block_size), transport_(t), source_(s), active_(&pt_), victim_(&pt_) {}
@@ -341,7 +348,7 @@ class Pager {
   // Fault path.
   void handler_main(Handler& h);
   Outcome handle_fault(Handler& h, uint64_t addr, uint64_t flags);
-  void defer(Handler& h, uint64_t addr, uint64_t flags);
+  void defer(Handler& h, uint64_t addr, uint64_t flags, bool owner);
   void run_deferred(Handler& h);
   void reap(Handler& h, int timeout_ms);
   void complete(Handler& h, const IoCompletion& c);

@@ -29,6 +29,12 @@ struct PagerStats {
   uint64_t faults_wp = 0;      // first write to a clean resident block (now dirty)
   uint64_t faults_victim = 0;  // block still local in the victim cache: mapped back, no I/O
   uint64_t faults_waited = 0;  // a fault that found the block busy or the budget full and waited
+  // Of those that waited for a busy block: found again on a block that had
+  // left (Remote or Empty) and answered by a wake, not a fetch, as the
+  // install that ended the wait may have woken them already; one still
+  // blocked faults again and is counted anew (run_deferred(), "Stale
+  // entries").
+  uint64_t faults_stale = 0;
   // Zero-fill fault-around: never-written blocks mapped (zero) by the same
   // ioctl as a sequential zero fault just before them, i.e. first touches
   // that took no fault of their own (not part of faults_zero).
@@ -77,7 +83,8 @@ struct PagerStats {
 // line with the resident counter the evictor polls.
 struct alignas(64) PagerCounters {
   std::atomic<uint64_t> faults_zero{0}, faults_remote{0}, faults_wp{0}, faults_victim{0},
-      faults_waited{0}, zero_around{0}, zero_cleaned{0}, zero_mapped{0}, zero_mapped_written{0};
+      faults_waited{0}, faults_stale{0}, zero_around{0}, zero_cleaned{0}, zero_mapped{0},
+      zero_mapped_written{0};
   std::atomic<uint64_t> latency[LatencyHistogram::kBuckets]{};
   std::atomic<uint64_t> demotions{0}, evictions_clean{0}, evictions_dirty{0}, writeback_errors{0};
   std::atomic<uint64_t> moves_out{0}, moves_in{0}, move_fallbacks{0};

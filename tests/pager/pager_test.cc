@@ -184,6 +184,7 @@ TEST(PagerTest, FaultDuringWriteBackWaitsForTheWrite) {
   std::vector<uint8_t> expect(kPage);
   fill_page(expect.data(), target, 0);
   const uint64_t waited0 = p.stats().faults_waited;
+  const uint64_t stale0 = p.stats().faults_stale;
   std::atomic<bool> read_done{false};
   std::atomic<int> ok{0};
   std::thread reader([&] {
@@ -199,6 +200,12 @@ TEST(PagerTest, FaultDuringWriteBackWaitsForTheWrite) {
   reader.join();
   EXPECT_EQ(ok.load(), 1);
   EXPECT_GE(rig.donor.writes(), 1u);
+  // The wait ended with the block Remote and no install to wake the
+  // reader: it was woken and faulted again, and that fault was served by a
+  // single READ (run_deferred(), "Stale entries").
+  const PagerStats s = p.stats();
+  EXPECT_EQ(s.faults_stale - stale0, 1u) << s.to_string();
+  EXPECT_EQ(rig.donor.reads(), 1u) << s.to_string();
   rig.donor.set_faults({});
 }
 
