@@ -436,12 +436,11 @@ void Pager<B>::defer(Handler& h, uint64_t addr, uint64_t flags, bool owner) {
 // wake-and-refault would cost it a round trip on every such fault.
 template <TransportBackend B>
 void Pager<B>::run_deferred(Handler& h) {
-  const uintptr_t base = reinterpret_cast<uintptr_t>(region_.ptr);
   size_t keep = 0;
   for (size_t i = 0; i < h.deferred.size(); ++i) {
     Deferred d = h.deferred[i];
-    if (d.owner && d.addr >= base && d.addr < base + cfg_.region_size) {
-      const uint32_t b = static_cast<uint32_t>((d.addr - base) / block_);
+    if (d.owner) {  // kWait comes only from a block of the region
+      const uint32_t b = block_index(reinterpret_cast<const void*>(d.addr));
       const PageState s = PageTable::state_of(pt_.load(b));
       if (s == PageState::kRemote || s == PageState::kEmpty) {
         counters_.bump(counters_.faults_stale);
