@@ -72,22 +72,114 @@ void Pager<B>::kick_evictor() {
   evict_cv_.notify_one();
 }
 
+// Free slots' pages. A victim slot keeps its page when its block leaves
+// (a drop, a promotion by copy): the next owner's copy or READ then lands
+// in memory that is already there. Such a page is the process's memory all
+// the same, and uncounted it let the peak RSS run past the budget by up to
+// the victim cache's largest occupancy (GNU sort at a 70% budget: +10-13%
+// over the budget). So, with a transport that does not pin its buffers
+// (tcp, loopback), a free slot that may hold a page is charged in resident_
+// (kSlotCharged); a new owner takes the charge over with the page (its
+// block is counted already), and when room is needed the evictor drops
+// such pages first (release_slot_pages() from evict_round()): they hold no
+// data, so they are the cheapest room there is. The free list is LIFO, so
+// charged slots are reused first and released from the bottom. A pinning
+// transport (verbs: the MR holds the pages) keeps today's behaviour: its
+// registration made the whole slot area resident anyway.
 template <TransportBackend B>
 uint32_t Pager<B>::alloc_slot(bool* empty) {
   std::lock_guard<std::mutex> lk(slot_mu_);
   if (free_slots_.empty()) return kNoSlot;
   uint32_t s = free_slots_.back();
   free_slots_.pop_back();
-  if (empty) *empty = slot_empty_[s] != 0;
-  slot_empty_[s] = 0;  // whatever the new owner does may map a page there
+  if (empty) *empty = slot_empty_[s] == kSlotEmpty;
+  if (slot_empty_[s] == kSlotCharged) {
+    --slot_pages_;
+    unreserve();  // the new owner's block is counted already
+  }
+  slot_empty_[s] = kSlotUnknown;  // whatever the new owner does may map a page there
   return s;
 }
 
 template <TransportBackend B>
 void Pager<B>::free_slot(uint32_t s, bool empty) {
+  if (!empty && drop_slot_pages_) {
+    // Charged like any resident block, but not through reserve(): a full
+    // budget here is no fault waiting (budget_full_, the evictor's pressure
+    // signal); the page goes at once instead, so resident_ stays within it.
+    int64_t cur = resident_.load(std::memory_order_relaxed);
+    while (cur < budget_blocks_ &&
+           !resident_.compare_exchange_weak(cur, cur + 1, std::memory_order_relaxed)) {
+    }
+    if (cur < budget_blocks_) {
+      int64_t pk = peak_.load(std::memory_order_relaxed);
+      while (cur + 1 > pk && !peak_.compare_exchange_weak(pk, cur + 1)) {
+      }
+      if (cur + 1 > high_blocks_) kick_evictor();
+    } else {
+      if (madvise(slot_addr(s), block_, MADV_DONTNEED) != 0) {
+        fatal("pager: MADV_DONTNEED of free victim slot %u at %p failed: %s", s,
+              static_cast<void*>(slot_addr(s)), strerror(errno));
+      }
+      slot_releases_.fetch_add(1, std::memory_order_relaxed);
+      empty = true;
+    }
+  }
   std::lock_guard<std::mutex> lk(slot_mu_);
   free_slots_.push_back(s);  // capacity n_slots_: never reallocates
-  slot_empty_[s] = empty ? 1 : 0;
+  if (empty) {
+    slot_empty_[s] = kSlotEmpty;
+  } else if (drop_slot_pages_) {
+    slot_empty_[s] = kSlotCharged;
+    ++slot_pages_;
+  } else {
+    slot_empty_[s] = kSlotUnknown;
+  }
+}
+
+template <TransportBackend B>
+size_t Pager<B>::release_slot_pages(size_t max) {
+  if (!drop_slot_pages_ || max == 0) return 0;
+  uint32_t picked[kDemotePick];
+  size_t n = 0;
+  if (max > kDemotePick) max = kDemotePick;
+  {
+    std::lock_guard<std::mutex> lk(slot_mu_);
+    if (slot_pages_ == 0) return 0;
+    // The oldest frees first (the bottom of the LIFO), taken out of the
+    // list while their pages go.
+    size_t keep = 0;
+    for (size_t i = 0; i < free_slots_.size(); ++i) {
+      const uint32_t s = free_slots_[i];
+      if (n < max && slot_empty_[s] == kSlotCharged) {
+        picked[n++] = s;
+      } else {
+        free_slots_[keep++] = s;
+      }
+    }
+    free_slots_.resize(keep);
+  }
+  if (n == 0) return 0;
+  std::sort(picked, picked + n);
+  for (size_t i = 0; i < n;) {
+    size_t j = i + 1;
+    while (j < n && picked[j] == picked[j - 1] + 1) ++j;
+    if (madvise(slot_addr(picked[i]), uint64_t{j - i} * block_, MADV_DONTNEED) != 0) {
+      fatal("pager: MADV_DONTNEED of %zu free victim slot(s) at %p failed: %s", j - i,
+            static_cast<void*>(slot_addr(picked[i])), strerror(errno));
+    }
+    i = j;
+  }
+  {
+    std::lock_guard<std::mutex> lk(slot_mu_);
+    // Back at the bottom: the charged slots above them are reused first.
+    free_slots_.insert(free_slots_.begin(), picked, picked + n);
+    for (size_t i = 0; i < n; ++i) slot_empty_[picked[i]] = kSlotEmpty;
+    slot_pages_ -= static_cast<int64_t>(n);
+  }
+  unreserve(static_cast<int64_t>(n));
+  slot_releases_.fetch_add(n, std::memory_order_relaxed);
+  return n;
 }
 
 template <TransportBackend B>
@@ -191,6 +283,10 @@ template <TransportBackend B>
 size_t Pager<B>::evict_round(int64_t floor) {
   int64_t excess = resident_.load(std::memory_order_relaxed) - floor;
   if (excess <= 0) return 0;
+  // Free slots' pages first: room that costs no data ("Free slots' pages").
+  const size_t released = release_slot_pages(static_cast<size_t>(excess));
+  excess -= static_cast<int64_t>(released);
+  if (excess <= 0) return released;
   size_t want = static_cast<size_t>(excess) < cfg_.writeback_batch ? static_cast<size_t>(excess)
                                                                    : cfg_.writeback_batch;
   adapt_victims();
@@ -225,7 +321,7 @@ size_t Pager<B>::evict_round(int64_t floor) {
     progress += d;
     dropped += dr;
   }
-  return progress + drop_victims(want > dropped ? want - dropped : 0);
+  return released + progress + drop_victims(want > dropped ? want - dropped : 0);
 }
 
 template <TransportBackend B>
@@ -887,6 +983,9 @@ Status Pager<B>::evict(void* addr, size_t len) {
       counters_.bump(counters_.bytes_written, block_);
       break;
     }
+  }
+  // The range left local memory: so do the pages of the slots it freed.
+  while (release_slot_pages(kDemotePick) > 0) {
   }
   return ok_status();
 }

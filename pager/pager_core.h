@@ -243,6 +243,12 @@ class Pager {
   // Blocks mapped ahead by a confirmed stream that the evictor dropped
   // clean without the victim cache (demote_batch(); tests, benches).
   uint64_t evict_ahead_drops() const { return ahead_drops_.load(std::memory_order_relaxed); }
+  // The victim cache's slot area, for tests that check the kernel's view
+  // of the pager's memory (region and slots together).
+  void* victim_slots() const { return slots_.ptr; }
+  size_t victim_slots_bytes() const { return uint64_t{n_slots_} * block_; }
+  // Pages of free victim slots dropped to make room (release_slot_pages()).
+  uint64_t slot_pages_released() const { return slot_releases_.load(std::memory_order_relaxed); }
 
   // State of the block holding addr (tests, debugging).
   PageState state_of(const void* addr) const {
@@ -445,6 +451,9 @@ class Pager {
   // blocks in all; returns the new count.
   size_t fill_gaps(uint32_t* blocks, uint32_t* words, size_t n, size_t cap);
   size_t drop_victims(size_t max);
+  // Drops the pages of up to max free slots (oldest frees first) and
+  // returns the room that freed in resident_.
+  size_t release_slot_pages(size_t max);
   size_t writeback_done(const IoCompletion& c);
 
   PagerConfig cfg_;
@@ -541,7 +550,14 @@ class Pager {
 
   std::mutex slot_mu_;
   std::vector<uint32_t> free_slots_;  // guarded by slot_mu_
-  std::vector<uint8_t> slot_empty_;   // guarded by slot_mu_; see alloc_slot()
+  std::vector<uint8_t> slot_empty_;   // guarded by slot_mu_; kSlot* below, see alloc_slot()
+  // A free slot's page (evictor.h "Free slots' pages"): unknown (a pinning
+  // transport: never dropped, not charged), none, or a page charged in
+  // resident_ until release_slot_pages() drops it or a new owner takes it.
+  static constexpr uint8_t kSlotUnknown = 0, kSlotEmpty = 1, kSlotCharged = 2;
+  bool drop_slot_pages_ = false;            // set by init(): the transport does not pin
+  int64_t slot_pages_ = 0;                  // free kSlotCharged slots; guarded by slot_mu_
+  std::atomic<uint64_t> slot_releases_{0};  // slot_pages_released()
 
   std::vector<std::unique_ptr<Handler>> handlers_;
   std::thread evictor_;

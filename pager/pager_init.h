@@ -121,7 +121,10 @@ Status Pager<B>::init() {
   registered_.push_back(slots_.ptr);
   free_slots_.reserve(n_slots_);
   for (uint32_t s = n_slots_; s-- > 0;) free_slots_.push_back(s);
-  slot_empty_.assign(n_slots_, 0);
+  // A fresh mapping holds no page; a pinning registration may have faulted
+  // them all in, and they stay (evictor.h "Free slots' pages").
+  drop_slot_pages_ = !transport_->registration_pins();
+  slot_empty_.assign(n_slots_, drop_slot_pages_ ? kSlotEmpty : kSlotUnknown);
 
   remote_ = std::make_unique<RemoteMap>(source_, transport_, block_);
   prefetcher_ = std::make_unique<Prefetcher>(cfg_.prefetch_max_window, n_blocks_);

@@ -367,6 +367,10 @@ Status Pager<B>::prefetch(void* addr, size_t len) {
       counters_.bump(counters_.prefetch_mapped);
     }
   }
+  // The range is mapped; the slots its READs landed in hold copies of it
+  // that nobody needs (evictor.h "Free slots' pages").
+  while (release_slot_pages(kDemotePick) > 0) {
+  }
   return ok_status();
 }
 

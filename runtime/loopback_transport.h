@@ -204,6 +204,7 @@ class LoopbackTransport final : public TransportControl {  // satisfies Transpor
   // given to register_buffer (kNotFound otherwise).
   Status register_buffer(void* addr, size_t length) override;
   Status unregister_buffer(void* addr) override;
+  bool registration_pins() const override { return false; }  // plain copies
   // kInvalidArgument for an unknown server, size 0 or a slab already added;
   // remove_slab: kNotFound when it was not added.
   Status add_slab(ServerId server, const SlabDesc& slab) override;

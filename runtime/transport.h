@@ -110,6 +110,11 @@ class TransportControl {
   // neither each other nor be registered twice.
   virtual Status register_buffer(void* addr, size_t length) = 0;
   virtual Status unregister_buffer(void* addr) = 0;
+  // Whether a registration pins the buffer's pages (an MR without on-demand
+  // paging does): then they must not be dropped with MADV_DONTNEED while
+  // registered, as the transport would keep using the old pages. Backends
+  // that copy through the buffer's virtual addresses say false.
+  virtual bool registration_pins() const { return true; }
   // Makes a leased slab of a server usable by ops; remove_slab forgets it.
   virtual Status add_slab(ServerId server, const SlabDesc& slab) = 0;
   virtual Status remove_slab(ServerId server, SlabId slab) = 0;

@@ -199,5 +199,64 @@ TEST(PagerBudget, ResidentNeverAboveBudgetWhileThrashing) {
   }
 }
 
+// Invariant 5 as the kernel sees it, victim slots included: a victim hit
+// served by a copy leaves the slot's page behind, and those pages are the
+// process's memory too (evictor.h "Free slots' pages"). A hot set that
+// keeps re-faulting from the victim cache must not hold more pages, in
+// region and slots together, than the budget (plus the slack).
+TEST(PagerBudget, VictimSlotPagesCountAgainstTheBudget) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  constexpr size_t kBudget = 256, kPages = 1024;
+  LoopbackRig rig;
+  PagerConfig c = small_config(kBudget, 2 * kPages);
+  c.victim_fraction = 0.5;
+  c.prefetch = false;
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  for (size_t pg = 0; pg < kPages; ++pg) fill_page(mem + pg * kPage, pg, 0);
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> worst{0}, samples{0};
+  std::thread sampler([&] {
+    while (!done.load()) {
+      const uint64_t m = (mapped_pages(mem, 2 * kPages * kPage) +
+                          mapped_pages(p.victim_slots(), p.victim_slots_bytes())) *
+                         kPage;
+      if (m > worst.load()) worst.store(m);
+      samples.fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    }
+  });
+  // Uniform reads over a set a little larger than the budget: many faults
+  // are victim hits, each served by a copy out of its slot.
+  constexpr size_t kSet = kBudget + kBudget / 4, kReads = 20000;
+  auto* v = reinterpret_cast<volatile uint8_t*>(mem);
+  std::mt19937 rng(5);
+  std::vector<uint32_t> order(kReads);
+  for (uint32_t& pg : order) pg = static_cast<uint32_t>(rng() % kSet);
+  uint64_t sum = 0;
+  for (uint32_t pg : order) sum += v[uint64_t{pg} * kPage + 7];
+  done.store(true);
+  sampler.join();
+  const PagerStats s = p.stats();
+  EXPECT_GT(samples.load(), 10u);
+  EXPECT_GT(s.faults_victim, 2 * kBudget) << s.to_string();
+  EXPECT_GT(p.slot_pages_released(), 0u) << s.to_string();
+  // The counter holds the budget exactly. The kernel's count may pass it
+  // for a moment by the pages in the middle of a copy: a demotion batch
+  // copied into its slots before the region's MADV_DONTNEED, a promotion
+  // before its slot is freed. Measured: at most +16% here in 10 runs, and
+  // +51-57% with free slots' pages left uncharged.
+  EXPECT_LE(worst.load(), p.budget_bytes() + p.budget_bytes() / 4) << s.to_string();
+  EXPECT_LE(s.resident_peak_bytes, p.budget_bytes() + P::kSlackBytes) << s.to_string();
+  uint64_t expect_sum = 0;
+  uint8_t page[kPage];
+  for (uint32_t pg : order) {
+    fill_page(page, pg, 0);
+    expect_sum += page[7];
+  }
+  EXPECT_EQ(sum, expect_sum);
+  EXPECT_EQ(first_bad_page(mem, kPages, 0), kPages);
+}
+
 }  // namespace
 }  // namespace farmem::testing

@@ -349,8 +349,7 @@ TEST(PagerFaultPath, VictimHitOnWriteIsOneFault) {
   write_seq(mem, 0, kPages);
   // Read the first pages back (remote faults, clean) so that the victim
   // cache also holds clean blocks, then let the evictor settle at its low
-  // watermark: from then on it does nothing (a victim hit leaves the
-  // resident count unchanged).
+  // watermark.
   auto* v = static_cast<volatile uint8_t*>(p.base());
   for (size_t pg = 0; pg < kPages; pg += 2) (void)v[pg * kPage];
   const uint64_t low = static_cast<uint64_t>(c.low_watermark * kBudget) * kPage;
@@ -362,9 +361,14 @@ TEST(PagerFaultPath, VictimHitOnWriteIsOneFault) {
   const PagerStats before = p.stats();
   for (size_t pg : victims) mem[pg * kPage + 9] = static_cast<uint8_t>(pg ^ 0x5a);
   const PagerStats s = p.stats();
-  EXPECT_EQ(s.faults_victim - before.faults_victim, victims.size()) << s.to_string();
+  // One fault per write, never a WP fault after it. Each promotion by copy
+  // leaves its slot's page charged (evictor.h "Free slots' pages"), so the
+  // evictor runs meanwhile and may drop a few victims not yet written:
+  // their write is one remote fault instead.
+  const uint64_t dv = s.faults_victim - before.faults_victim;
+  EXPECT_EQ(dv + s.faults_remote - before.faults_remote, victims.size()) << s.to_string();
+  EXPECT_GE(dv, victims.size() * 3 / 4) << s.to_string();
   EXPECT_EQ(s.faults_wp - before.faults_wp, 0u) << s.to_string();
-  EXPECT_EQ(s.faults_remote - before.faults_remote, 0u) << s.to_string();
   for (size_t pg : victims) ASSERT_EQ(mem[pg * kPage + 9], static_cast<uint8_t>(pg ^ 0x5a));
   // Dirty: written back when evicted, and byte-exact after.
   const uint64_t w0 = rig.donor.writes();

@@ -18,9 +18,11 @@ namespace farmem::testing {
 namespace {
 
 // Writes pages [0, pages) with fill_page(pg, 0), lets the evictor settle
-// (at or below the low watermark it does nothing more: a victim hit leaves
-// the resident count unchanged) and returns the pages then in the victim
-// cache.
+// at or below the low watermark and returns the pages then in the victim
+// cache. Each victim hit afterwards leaves its free slot's page charged
+// (evictor.h "Free slots' pages"), so the evictor runs again while the
+// tests touch the victims and may drop a few not yet touched: their touch
+// is a remote fault instead. The tests allow that, up to a quarter.
 std::vector<size_t> settle_and_list_victims(P& p, const PagerConfig& c, size_t pages) {
   auto* mem = static_cast<uint8_t*>(p.base());
   for (size_t pg = 0; pg < pages; ++pg) fill_page(mem + pg * kPage, pg, 0);
@@ -32,6 +34,14 @@ std::vector<size_t> settle_and_list_victims(P& p, const PagerConfig& c, size_t p
   for (size_t pg = 0; pg < pages; ++pg)
     if (p.state_of(mem + pg * kPage) == PageState::kVictim) victims.push_back(pg);
   return victims;
+}
+
+// One read fault per touched victim: a victim hit, or a remote fault for
+// one the evictor dropped first; at least three quarters are hits.
+void expect_one_fault_each(const PagerStats& before, const PagerStats& s, size_t victims) {
+  const uint64_t hits = s.faults_victim - before.faults_victim;
+  EXPECT_EQ(hits + s.faults_remote - before.faults_remote, victims) << s.to_string();
+  EXPECT_GE(hits, victims * 3 / 4) << s.to_string();
 }
 
 PagerConfig replacement_config() {
@@ -61,9 +71,10 @@ TEST(PagerReplacement, DirtyVictimReadThenWrittenIsOneFault) {
     v[pg * kPage + 100] = static_cast<uint8_t>(old ^ 0xa5);
   }
   const PagerStats s = p.stats();
-  EXPECT_EQ(s.faults_victim - before.faults_victim, victims.size()) << s.to_string();
+  expect_one_fault_each(before, s, victims.size());
+  // A dropped dirty victim was written back first, and it comes back
+  // writable (fault_path.h "Written blocks come back writable").
   EXPECT_EQ(s.faults_wp - before.faults_wp, 0u) << s.to_string();
-  EXPECT_EQ(s.faults_remote - before.faults_remote, 0u) << s.to_string();
   // Still dirty: pushed out, written back, and byte-exact when read again.
   ASSERT_TRUE(p.evict(mem, kPages * kPage).ok());
   uint8_t expect[kPage];
@@ -100,17 +111,19 @@ TEST(PagerReplacement, CleanVictimReadThenWrittenIsTracked) {
     if (p.state_of(mem + pg * kPage) == PageState::kVictim) victims.push_back(pg);
   ASSERT_GE(victims.size(), 8u) << p.stats().to_string();
   const PagerStats before = p.stats();
+  // Every block is clean here: each donor WRITE from now on is one of the
+  // writes below, whether the evictor or evict() sends it.
+  const uint64_t w0 = rig.donor.writes();
   for (size_t pg : victims) {
     const uint8_t old = v[pg * kPage + 7];
     v[pg * kPage + 7] = static_cast<uint8_t>(old ^ 0x3c);
   }
   const PagerStats s = p.stats();
-  EXPECT_EQ(s.faults_victim - before.faults_victim, victims.size()) << s.to_string();
+  expect_one_fault_each(before, s, victims.size());
   // With WP_ASYNC (FARMEM_TEST_WP_ASYNC) the kernel lets the write through
   // and the demotion finds it written: no WP fault, the same write-back.
   EXPECT_EQ(s.faults_wp - before.faults_wp, p.uses_wp_async() ? 0u : victims.size())
       << s.to_string();
-  const uint64_t w0 = rig.donor.writes();
   ASSERT_TRUE(p.evict(mem, kPages * kPage).ok());
   EXPECT_EQ(rig.donor.writes() - w0, victims.size());
   uint8_t expect[kPage];
