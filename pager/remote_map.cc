@@ -11,12 +11,16 @@
 // read_lock, in memory it maps itself. Its read side costs a compiler
 // barrier when the kernel has membarrier (Linux >= 4.14) and a full fence
 // otherwise: noise next to a fault (~4 us).
+#include <sys/mman.h>
 #include <urcu/urcu-bp.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "runtime/donor_client.h"
 #include "runtime/log.h"
@@ -84,13 +88,29 @@ uint64_t DonorSessionSlabSource::lease_granularity() const {
 
 // ---- RemoteMap -----------------------------------------------------------------
 
+template <class T>
+RemoteMap::LazyArray<T>::LazyArray() {
+  void* p = mmap(nullptr, size_t{kMaxSlabs} * sizeof(T), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    // Too small to fail but at an address-space limit; nothing can run then.
+    fprintf(stderr, "farmem: pager: mmap of %zu bytes for the remote map failed: %s\n",
+            size_t{kMaxSlabs} * sizeof(T), strerror(errno));
+    abort();
+  }
+  base_ = static_cast<char*>(p);
+}
+
+template <class T>
+RemoteMap::LazyArray<T>::~LazyArray() {
+  munmap(base_, size_t{kMaxSlabs} * sizeof(T));
+}
+
 RemoteMap::RemoteMap(SlabSource* source, TransportControl* transport, uint32_t unit_size)
     : source_(source),
       transport_(transport),
       unit_size_(unit_size),
       replicas_(std::clamp<uint32_t>(source->replicas(), 1, kMaxReplicas)),
-      groups_(new Group[kMaxSlabs]),
-      extents_(new Extent[kMaxSlabs]),
       failed_(new std::atomic<uint8_t>[kMaxServers]),
       load_(new DonorLoad[kMaxServers]) {
   for (uint32_t i = 0; i < kMaxServers; ++i) failed_[i].store(0, std::memory_order_relaxed);
@@ -194,12 +214,12 @@ Status RemoteMap::grow_locked() {
                       min_size, unit_size_, ne, kMaxSlabs);
   }
   for (uint32_t j = 0; j < made; ++j) {
-    Extent& e = extents_[ne + j];
+    Extent& e = extents_.emplace(ne + j);
     e.bytes = upe * unit_size_;
     e.set.store(new ReplicaSet(sets[j]), std::memory_order_release);
   }
   n_extents_.store(ne + made, std::memory_order_release);
-  groups_[ng] =
+  groups_.emplace(ng) =
       Group{total_units_, static_cast<uint32_t>(upe * made), ne, made, static_cast<uint32_t>(upe)};
   n_groups_.store(ng + 1, std::memory_order_release);
   total_units_ += static_cast<uint32_t>(upe * made);

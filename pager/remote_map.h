@@ -59,8 +59,10 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/status.h"
@@ -268,6 +270,27 @@ class RemoteMap {
     std::atomic<bool> lost{false};
   };
 
+  // kMaxSlabs entries in an anonymous mapping, each constructed by
+  // emplace() before it is published (n_groups_ / n_extents_), so that only
+  // the pages of entries in use are ever resident. new T[kMaxSlabs] wrote
+  // all 3.3 MiB of groups and extents at start: a fully resident part of
+  // farmem's own local memory (docs/eval/programs-s12), which a budget
+  // counted as the user's working set cannot cover.
+  template <class T>
+  class LazyArray {
+   public:
+    static_assert(std::is_trivially_destructible_v<T>, "entries are never destroyed one by one");
+    LazyArray();
+    ~LazyArray();
+    LazyArray(const LazyArray&) = delete;
+    LazyArray& operator=(const LazyArray&) = delete;
+    T& emplace(uint32_t i) { return *new (base_ + i * sizeof(T)) T{}; }
+    T& operator[](uint32_t i) const { return *std::launder(reinterpret_cast<T*>(base_) + i); }
+
+   private:
+    char* base_;
+  };
+
   // Group and extent of a unit, and its byte offset in the extent.
   void locate(uint32_t unit, uint32_t* extent, uint64_t* offset) const noexcept;
   // Leases one stripe group; mu_ held.
@@ -279,9 +302,9 @@ class RemoteMap {
   TransportControl* const transport_;
   const uint32_t unit_size_;
   const uint32_t replicas_;
-  std::unique_ptr<Group[]> groups_;
+  LazyArray<Group> groups_;
   std::atomic<uint32_t> n_groups_{0};
-  std::unique_ptr<Extent[]> extents_;
+  LazyArray<Extent> extents_;
   std::atomic<uint32_t> n_extents_{0};
   std::atomic<uint64_t> assigned_{0};
   std::unique_ptr<std::atomic<uint8_t>[]> failed_;

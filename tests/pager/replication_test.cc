@@ -3,8 +3,10 @@
 // while donors die, re-replication under concurrent write-backs, placement
 // rules, and invariant 6 when the only copy is gone.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <random>
 #include <set>
 #include <thread>
@@ -269,6 +271,36 @@ TEST(ReplicationTest, ReplicasOnDistinctDonorsAndStriped) {
     map.read_done(a.server);
   }
   EXPECT_GT(map.stats().extents_degraded, 0u);
+}
+
+// The map's tables (kMaxSlabs groups and extents, 3.3 MiB) are resident
+// only where in use: a new map costs the process next to no memory
+// (docs/eval/programs-s12: it was fully resident, part of farmem's own
+// local memory that a budget cannot give the program), and it still works.
+TEST(ReplicationTest, NewRemoteMapIsNotResident) {
+  MultiRig rig(1, 1, 64ull << 20, 1ull << 20);
+  auto resident_bytes = [] {
+    long size = 0, resident = 0;
+    FILE* f = fopen("/proc/self/statm", "r");
+    if (f == nullptr || fscanf(f, "%ld %ld", &size, &resident) != 2) resident = -1;
+    if (f != nullptr) fclose(f);
+    return resident * sysconf(_SC_PAGESIZE);
+  };
+  const long before = resident_bytes();
+  ASSERT_GE(before, 0);
+  auto map = std::make_unique<RemoteMap>(&rig.place, &rig.transport, 4096);
+  const long grown = resident_bytes() - before;
+  EXPECT_LT(grown, 256 << 10) << "a new RemoteMap made " << grown << " bytes resident";
+  auto u = map->alloc_unit();
+  ASSERT_TRUE(u.ok()) << u.status().to_string();
+  RemoteAddr to[RemoteMap::kMaxReplicas];
+  EXPECT_EQ(map->begin_write(*u, to), 1u);
+  map->end_write(*u);
+  RemoteAddr a;
+  ASSERT_TRUE(map->resolve_read(*u, &a));
+  EXPECT_EQ(a.server, to[0].server);
+  EXPECT_EQ(a.slab, to[0].slab);
+  map->read_done(a.server);
 }
 
 // Reads go to the replica whose donor has the fewest READs outstanding
