@@ -1,5 +1,6 @@
-// Authentication primitives for the control protocol, on OpenSSL's libcrypto
-// (HMAC-SHA256, RAND_bytes, CRYPTO_memcmp). See wire.h for what is MACed.
+// Authentication primitives for the control protocol: MACs on OpenSSL's
+// libcrypto (HMAC-SHA256, CRYPTO_memcmp), random bytes from getrandom(2).
+// See wire.h for what is MACed.
 #pragma once
 
 #include <array>

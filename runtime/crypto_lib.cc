@@ -15,7 +15,6 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/rand.h>
 #pragma GCC visibility pop
 
 #include "runtime/log.h"
@@ -31,7 +30,6 @@ struct Table {
   unsigned char* (*hmac)(const EVP_MD*, const void*, int, const unsigned char*, size_t,
                          unsigned char*, unsigned int*) = nullptr;
   const EVP_MD* (*sha256)() = nullptr;
-  int (*rand_bytes)(unsigned char*, int) = nullptr;
   int (*memcmp)(const void*, const void*, size_t) = nullptr;
 };
 
@@ -60,7 +58,6 @@ void do_load() {
   };
   resolve(t.hmac, "HMAC");
   resolve(t.sha256, "EVP_sha256");
-  resolve(t.rand_bytes, "RAND_bytes");
   resolve(t.memcmp, "CRYPTO_memcmp");
   if (missing != nullptr) {
     snprintf(g_why, sizeof g_why, FARMEM_CRYPTO_SONAME " has no function %s", missing);
@@ -109,11 +106,6 @@ unsigned char* HMAC(const EVP_MD* md, const void* key, int key_len, const unsign
 const EVP_MD* EVP_sha256(void) {
   if (!ready()) return nullptr;
   return g_table.sha256();
-}
-
-int RAND_bytes(unsigned char* buf, int num) {
-  if (!ready()) return 0;
-  return g_table.rand_bytes(buf, num);
 }
 
 // "Not equal" when libcrypto is missing: a MAC never matches by accident.

@@ -1,6 +1,8 @@
 // libcrypto on demand: OpenSSL's libcrypto is loaded with dlopen the first
-// time farmem needs it (HMAC-SHA256 for the donor handshake, RAND_bytes for
-// nonces and ids: runtime/auth.cc), not at process start-up.
+// time farmem needs it (HMAC-SHA256 for a donor token in the handshake:
+// runtime/auth.cc), not at process start-up. Random nonces and ids come from
+// getrandom(2), so a client of an --insecure donor never loads it (its text
+// would be 3.4 MiB of the program's resident set).
 //
 //   if (!farmem::crypto_lib::load(&why)) ...;   // why: the dlopen error
 //
@@ -11,12 +13,12 @@
 // program that never makes a large allocation never talks to a donor.
 //
 // How (as runtime/verbs_lib.h does for rdma-core): crypto_lib.cc defines,
-// hidden, the four functions auth.cc calls (HMAC, EVP_sha256, RAND_bytes,
+// hidden, the three functions auth.cc calls (HMAC, EVP_sha256,
 // CRYPTO_memcmp), each forwarding to the real one in the loaded library. The
 // preload library links --as-needed, so libcrypto drops out of its
 // DT_NEEDED; other binaries still link it and the forwarders reach that
 // same copy. When libcrypto cannot be loaded, the forwarders fail as the
-// real functions document (NULL, 0, "not equal") and the first failure logs
+// real functions document (NULL, "not equal") and the first failure logs
 // the dlopen error once; auth.cc then stops with its own message.
 #pragma once
 

@@ -7,6 +7,9 @@
 #      runtime/verbs_lib.cc or runtime/crypto_lib.cc brings one back);
 #   2. a program that used far memory over loopback (FARMEM_STATS shows far
 #      allocations) never mapped any of them;
+#   2b. with FARMEMD set: nor one that used a donor over tcp without a token
+#      (an --insecure farmemd on loopback): libcrypto is for a token's HMAC
+#      only, and its 3.4 MiB of text would count against the budget;
 #   3. FARMEM_TRANSPORT=verbs on a host without an RDMA device is a clear
 #      start-up error (exit 1) naming the device check and FARMEM_TRANSPORT=tcp,
 #      still without mapping rdma-core.
@@ -42,6 +45,31 @@ if grep -Eq "$lazy" "$work/out"; then
   fail "a loopback run mapped $(grep -Eo "($lazy)[^ ]*" "$work/out" | sort -u | tr '\n' ' ')"
 fi
 echo "loopback run: $far far allocations, no rdma-core or libcrypto mapped"
+
+if [[ -n ${FARMEMD:-} ]]; then
+  : > "$work/farmemd.log"
+  "$FARMEMD" --insecure --listen 127.0.0.1:0 --capacity 64M > "$work/farmemd.log" 2>&1 &
+  dpid=$!
+  trap 'kill $dpid 2>/dev/null; wait $dpid 2>/dev/null; rm -rf "$work"' EXIT
+  port=""
+  for _ in $(seq 1 100); do
+    port=$(sed -n 's/^farmemd listening on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$work/farmemd.log" | head -1)
+    [[ -n $port ]] && break
+    kill -0 "$dpid" 2>/dev/null || { cat "$work/farmemd.log" >&2; fail "farmemd died"; }
+    sleep 0.1
+  done
+  [[ -n $port ]] || { cat "$work/farmemd.log" >&2; fail "farmemd did not report its port"; }
+  env LD_PRELOAD="$FARMEM_PRELOAD_LIB" FARMEM_TRANSPORT=tcp FARMEM_SERVERS="127.0.0.1:$port" \
+    FARMEM_LOCAL_MEM=64M FARMEM_STATS=1 FARMEM_STATS_SOCKET=0 \
+    /usr/bin/python3 -c "$prog" > "$work/out" 2> "$work/err" || { cat "$work/err" >&2; fail "tcp run failed"; }
+  [[ $(head -1 "$work/out") == 1024 ]] || fail "wrong output over tcp: $(head -1 "$work/out")"
+  far=$(sed -n 's/^farmem: stats: far heap: \([0-9]*\) allocations.*/\1/p' "$work/err")
+  [[ -n $far && $far -gt 0 ]] || { cat "$work/err" >&2; fail "far memory was not used over tcp"; }
+  if grep -Eq "$lazy" "$work/out"; then
+    fail "a tcp run without a token mapped $(grep -Eo "($lazy)[^ ]*" "$work/out" | sort -u | tr '\n' ' ')"
+  fi
+  echo "tcp run without a token: $far far allocations, no rdma-core or libcrypto mapped"
+fi
 
 if [[ -d /sys/class/infiniband ]] && [[ -n $(ls -A /sys/class/infiniband) ]]; then
   echo "this host has an RDMA device: check 3 skipped (checks 1-2 passed)"
