@@ -41,16 +41,18 @@ preload_workdir() {
   chmod 600 token
 }
 
-# Starts farmemd on 127.0.0.1 (a port it picks) with the token, logging to
-# LOG; sets PORT from its first line. Fails (exit 1, log shown) when it
-# dies or does not report a port within 10 s.
+# Starts farmemd on 127.0.0.1 (a port it picks) with the token (or, with a
+# fourth argument "insecure", without one: --insecure), logging to LOG; sets
+# PORT from its first line. Fails (exit 1, log shown) when it dies or does
+# not report a port within 10 s.
 preload_start_farmemd() {
-  local log=$1 capacity=$2 slab=$3 pid
+  local log=$1 capacity=$2 slab=$3 pid auth=(--token-file token)
+  [[ ${4:-} == insecure ]] && auth=(--insecure)
   # Created here, not by the background job's redirection: the first sed
   # below may run before that job has, and a sed that cannot read the file
   # fails the whole script (set -e, pipefail).
   : > "$log"
-  "$FARMEMD" --listen 127.0.0.1:0 --capacity "$capacity" --slab-size "$slab" --token-file token \
+  "$FARMEMD" --listen 127.0.0.1:0 --capacity "$capacity" --slab-size "$slab" "${auth[@]}" \
     > "$log" 2>&1 &
   pid=$!
   DAEMONS+=("$pid")

@@ -7,9 +7,11 @@
 #      runtime/verbs_lib.cc or runtime/crypto_lib.cc brings one back);
 #   2. a program that used far memory over loopback (FARMEM_STATS shows far
 #      allocations) never mapped any of them;
-#   2b. with FARMEMD set: nor one that used a donor over tcp without a token
-#      (an --insecure farmemd on loopback): libcrypto is for a token's HMAC
-#      only, and its 3.4 MiB of text would count against the budget;
+#   2b. with FARMEMD set: nor one that registered with a donor over tcp
+#      without a token (an --insecure farmemd on loopback) and never evicted.
+#      Known gap (issue 16 notes): a client that evicts opens a data
+#      connection whose attach proof is an HMAC with the session secret, and
+#      that still loads libcrypto (3.4 MiB of text inside the same peak RSS);
 #   3. FARMEM_TRANSPORT=verbs on a host without an RDMA device is a clear
 #      start-up error (exit 1) naming the device check and FARMEM_TRANSPORT=tcp,
 #      still without mapping rdma-core.
@@ -28,47 +30,35 @@ if [[ ! -e /dev/userfaultfd && $(cat /proc/sys/vm/unprivileged_userfaultfd 2>/de
   echo "SKIP: userfaultfd is not available to this user (check 1 passed)"
   exit 77
 fi
-work=$(mktemp -d /tmp/farmem-needed.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/preload_lib.sh"
+preload_workdir farmem-needed
+work=$WORK
 # A 4 MiB far allocation (>= FARMEM_MIN_FAR) written, then the maps read.
 prog='b = bytearray(4 << 20)
 for i in range(0, len(b), 4096): b[i] = 1
 print(sum(b))
 print(open("/proc/self/maps").read())'
-env LD_PRELOAD="$FARMEM_PRELOAD_LIB" FARMEM_TRANSPORT=loopback FARMEM_LOCAL_MEM=64M \
-  FARMEM_LOOPBACK_CAPACITY=256M FARMEM_STATS=1 FARMEM_STATS_SOCKET=0 \
-  /usr/bin/python3 -c "$prog" > "$work/out" 2> "$work/err" || { cat "$work/err" >&2; fail "loopback run failed"; }
-[[ $(head -1 "$work/out") == 1024 ]] || fail "wrong output: $(head -1 "$work/out")"
-far=$(sed -n 's/^farmem: stats: far heap: \([0-9]*\) allocations.*/\1/p' "$work/err")
-[[ -n $far && $far -gt 0 ]] || { cat "$work/err" >&2; fail "far memory was not used"; }
-if grep -Eq "$lazy" "$work/out"; then
-  fail "a loopback run mapped $(grep -Eo "($lazy)[^ ]*" "$work/out" | sort -u | tr '\n' ' ')"
-fi
-echo "loopback run: $far far allocations, no rdma-core or libcrypto mapped"
 
-if [[ -n ${FARMEMD:-} ]]; then
-  : > "$work/farmemd.log"
-  "$FARMEMD" --insecure --listen 127.0.0.1:0 --capacity 64M > "$work/farmemd.log" 2>&1 &
-  dpid=$!
-  trap 'kill $dpid 2>/dev/null; wait $dpid 2>/dev/null; rm -rf "$work"' EXIT
-  port=""
-  for _ in $(seq 1 100); do
-    port=$(sed -n 's/^farmemd listening on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$work/farmemd.log" | head -1)
-    [[ -n $port ]] && break
-    kill -0 "$dpid" 2>/dev/null || { cat "$work/farmemd.log" >&2; fail "farmemd died"; }
-    sleep 0.1
-  done
-  [[ -n $port ]] || { cat "$work/farmemd.log" >&2; fail "farmemd did not report its port"; }
-  env LD_PRELOAD="$FARMEM_PRELOAD_LIB" FARMEM_TRANSPORT=tcp FARMEM_SERVERS="127.0.0.1:$port" \
-    FARMEM_LOCAL_MEM=64M FARMEM_STATS=1 FARMEM_STATS_SOCKET=0 \
-    /usr/bin/python3 -c "$prog" > "$work/out" 2> "$work/err" || { cat "$work/err" >&2; fail "tcp run failed"; }
-  [[ $(head -1 "$work/out") == 1024 ]] || fail "wrong output over tcp: $(head -1 "$work/out")"
+# run_far_and_check LABEL ENV...: the program under the preload library with
+# ENV; its output right, far memory used, and none of $lazy mapped.
+run_far_and_check() {
+  local label=$1 far
+  shift
+  env LD_PRELOAD="$FARMEM_PRELOAD_LIB" FARMEM_LOCAL_MEM=64M FARMEM_STATS=1 FARMEM_STATS_SOCKET=0 \
+    "$@" /usr/bin/python3 -c "$prog" > "$work/out" 2> "$work/err" || { cat "$work/err" >&2; fail "$label run failed"; }
+  [[ $(head -1 "$work/out") == 1024 ]] || fail "$label run: wrong output: $(head -1 "$work/out")"
   far=$(sed -n 's/^farmem: stats: far heap: \([0-9]*\) allocations.*/\1/p' "$work/err")
-  [[ -n $far && $far -gt 0 ]] || { cat "$work/err" >&2; fail "far memory was not used over tcp"; }
+  [[ -n $far && $far -gt 0 ]] || { cat "$work/err" >&2; fail "$label run: far memory was not used"; }
   if grep -Eq "$lazy" "$work/out"; then
-    fail "a tcp run without a token mapped $(grep -Eo "($lazy)[^ ]*" "$work/out" | sort -u | tr '\n' ' ')"
+    fail "a $label run mapped $(grep -Eo "($lazy)[^ ]*" "$work/out" | sort -u | tr '\n' ' ')"
   fi
-  echo "tcp run without a token: $far far allocations, no rdma-core or libcrypto mapped"
+  echo "$label run: $far far allocations, no rdma-core or libcrypto mapped"
+}
+
+run_far_and_check loopback FARMEM_TRANSPORT=loopback FARMEM_LOOPBACK_CAPACITY=256M
+if [[ -n ${FARMEMD:-} ]]; then
+  preload_start_farmemd farmemd.log 64M 16M insecure
+  run_far_and_check "tcp (no token)" FARMEM_TRANSPORT=tcp FARMEM_SERVERS="127.0.0.1:$PORT"
 fi
 
 if [[ -d /sys/class/infiniband ]] && [[ -n $(ls -A /sys/class/infiniband) ]]; then
