@@ -2,8 +2,6 @@
 # tools/install-deps.sh installs.
 find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)
-# HMAC-SHA256 and the RNG for the challenge-response handshake (libssl-dev).
-pkg_check_modules(FARMEM_CRYPTO REQUIRED IMPORTED_TARGET libcrypto)
 # Verbs transport (libibverbs-dev, librdmacm-dev).
 pkg_check_modules(FARMEM_IBVERBS IMPORTED_TARGET libibverbs)
 pkg_check_modules(FARMEM_RDMACM IMPORTED_TARGET librdmacm)

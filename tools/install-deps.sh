@@ -15,7 +15,7 @@ export DEBIAN_FRONTEND=noninteractive
 PACKAGES=(
   cmake            # the build system (CMakeLists.txt needs >= 3.25)
   ninja-build      # the generator every script uses
-  pkg-config       # cmake/FarmemDeps.cmake finds libcrypto, verbs, jemalloc, urcu with it
+  pkg-config       # cmake/FarmemDeps.cmake finds verbs, jemalloc, urcu with it
   g++              # the default compiler (C++20)
   clang            # the fuzz build (libFuzzer) and a second compiler for warnings
   clang-format     # tools/format-check.sh
@@ -29,7 +29,6 @@ PACKAGES=(
   libgtest-dev     # googletest: the unit tests
   libgmock-dev     # googletest: gmock matchers used by the tests
   libbenchmark-dev # Google Benchmark: bench/
-  libssl-dev       # libcrypto: HMAC-SHA256 and the RNG of the handshake
   iproute2         # `ss`: tools/demo.sh finds the port farmemd bound and waits for it
   python3          # tests/allocator: an unmodified Debian python3 runs under the preload library
   sqlite3          # tests/allocator: an unmodified sqlite3 runs under the preload library
