@@ -130,11 +130,8 @@ Mac hmac_sha256(std::span<const uint8_t> key, std::span<const uint8_t> msg) {
   return outer.finish();
 }
 
-// From the kernel's CSPRNG (getrandom(2), which libcrypto's RAND_bytes seeds
-// from too), not from libcrypto: every client draws a random id and a
-// placement seed, and loading libcrypto for that alone put 3.4 MiB of its
-// text in the resident set of every program under the preload library, where
-// it is counted against the program's budget.
+// From the kernel's CSPRNG (getrandom(2)), like the MACs above without
+// libcrypto: every client draws a random id and a placement seed.
 void random_bytes(std::span<uint8_t> out) noexcept {
   size_t done = 0;
   while (done < out.size()) {

@@ -7,7 +7,7 @@
 #   preload_start_farmemd d0.log 1G 16M  # PORT, and its pid appended to DAEMONS
 #   ... run "$@" > out.ref and under LD_PRELOAD > out.far 2> err.far ...
 #   preload_check_output                 # out.ref == out.far, else FAIL
-#   preload_check_far_memory_used        # dirty / remote from err.far, both > 0, else FAIL
+#   preload_check_far_memory_used [ERR]  # dirty / remote from ERR (err.far), both > 0, else FAIL
 #
 # PRELOAD_STOP_SIGNAL (default TERM) is what the cleanup sends the daemons.
 
@@ -81,11 +81,12 @@ preload_check_output() {
 # remote faults: the program really went beyond its local budget. Sets
 # dirty and remote.
 preload_check_far_memory_used() {
-  dirty=$(sed -n 's/.*evictions: [0-9]* clean, \([0-9]*\) dirty.*/\1/p' err.far)
-  remote=$(sed -n 's/.*zero-fill, \([0-9]*\) remote.*/\1/p' err.far)
+  local err=${1:-err.far}
+  dirty=$(sed -n 's/.*evictions: [0-9]* clean, \([0-9]*\) dirty.*/\1/p' "$err")
+  remote=$(sed -n 's/.*zero-fill, \([0-9]*\) remote.*/\1/p' "$err")
   if [[ -z $dirty || $dirty -eq 0 || -z $remote || $remote -eq 0 ]]; then
     echo "FAIL: far memory was not exercised beyond the budget (dirty evictions '$dirty', remote faults '$remote')" >&2
-    cat err.far >&2
+    cat "$err" >&2
     exit 1
   fi
 }

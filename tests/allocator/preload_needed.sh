@@ -47,7 +47,7 @@ print(open("/proc/self/maps").read())'
 # with an MB MiB buffer and ENV; its output right, far memory used, and none
 # of $lazy mapped. With EVICTS=1 it must also have paged.
 run_far_and_check() {
-  local label=$1 mb=$2 far dirty remote
+  local label=$1 mb=$2 far
   shift 2
   env LD_PRELOAD="$FARMEM_PRELOAD_LIB" FARMEM_LOCAL_MEM=64M FARMEM_STATS=1 FARMEM_STATS_SOCKET=0 \
     NEED_MB="$mb" "$@" /usr/bin/python3 -c "$prog" > "$work/out" 2> "$work/err" || { cat "$work/err" >&2; fail "$label run failed"; }
@@ -55,10 +55,7 @@ run_far_and_check() {
   far=$(sed -n 's/^farmem: stats: far heap: \([0-9]*\) allocations.*/\1/p' "$work/err")
   [[ -n $far && $far -gt 0 ]] || { cat "$work/err" >&2; fail "$label run: far memory was not used"; }
   if [[ ${EVICTS:-0} == 1 ]]; then
-    dirty=$(sed -n 's/.*evictions: [0-9]* clean, \([0-9]*\) dirty.*/\1/p' "$work/err")
-    remote=$(sed -n 's/.*zero-fill, \([0-9]*\) remote.*/\1/p' "$work/err")
-    [[ -n $dirty && $dirty -gt 0 && -n $remote && $remote -gt 0 ]] ||
-      { cat "$work/err" >&2; fail "$label run did not page (dirty evictions '$dirty', remote faults '$remote')"; }
+    preload_check_far_memory_used "$work/err"
     far="$far (dirty evictions $dirty, remote faults $remote)"
   fi
   if grep -Eq "$lazy" "$work/out"; then
