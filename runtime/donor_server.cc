@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -851,6 +852,62 @@ void DonorServer::Impl::control_loop(Worker& w, const std::shared_ptr<Session>& 
   if (w.flush() == Errc::kOk) linger_close(w.fd);
 }
 
+// A data connection from this host (loopback): its thread follows the CPU
+// its requests come from (SO_INCOMING_CPU: on loopback the sender's own
+// CPU, where the packet was processed). A client's fault handler (pinned,
+// one per CPU) sends a READ and waits for it; served on the same CPU, the
+// request and the reply are context switches there, instead of waking
+// another CPU and being woken back from it, which on this 2-vCPU guest
+// costs tens of microseconds each way. Measured (follow off -> on):
+// bench/pager_bench.cc BM_ColdFault tcp (in-process donor), cold remote
+// fault p50 68.7 -> 57 us (27.1 us with every thread on one CPU, the
+// floor); xz -7 -T1 of 4 MiB of text under the preload library at
+// FARMEM_LOCAL_MEM=38M against farmemd on 127.0.0.1, two runs each,
+// interleaved: 39.5 / 40.0 -> 31.8 / 35.6 s, fetch p99 512 -> 256 us.
+// Remote peers are left where they are: their packets arrive on the
+// NIC's CPUs, which is no sender's.
+namespace {
+bool peer_is_loopback(int fd) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return false;
+  if (a.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&a);
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+// Moves the calling thread to the CPU the last segments on fd were
+// processed on, once that CPU has been the same for kFollowAfter receives
+// in a row (a sender that stays on one CPU: a pinned fault handler; one
+// that moves about is not chased). f.pinned is that CPU, or -2 once a
+// move failed (a CPU outside the process's set: stay where the scheduler
+// puts us) or following is off.
+struct FollowCpu {
+  int pinned = -1, last = -1, same = 0;
+};
+constexpr int kFollowAfter = 4;
+void follow_sender_cpu(int fd, FollowCpu& f) {
+  int cpu = -1;
+  socklen_t len = sizeof cpu;
+  if (f.pinned == -2 || getsockopt(fd, SOL_SOCKET, SO_INCOMING_CPU, &cpu, &len) != 0 || cpu < 0)
+    return;
+  f.same = cpu == f.last ? f.same + 1 : 1;
+  f.last = cpu;
+  if (cpu == f.pinned || f.same < kFollowAfter) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  f.pinned = sched_setaffinity(0, sizeof set, &set) == 0 ? cpu : -2;
+}
+}  // namespace
+
 void DonorServer::Impl::data_loop(Worker& w) {
   if (opts_.idle_data_timeout_ms)
     (void)set_socket_timeouts(w.fd, static_cast<int>(opts_.idle_data_timeout_ms),
@@ -865,6 +922,8 @@ void DonorServer::Impl::data_loop(Worker& w) {
   b.pinned.reserve(kBatchSegs + 4);
   const char* why = nullptr;
   constexpr size_t kReqHead = wire::kHeaderSize + wire::kIoReqSize;
+  FollowCpu follow;
+  if (!opts_.follow_local_senders || !peer_is_loopback(w.fd)) follow.pinned = -2;
   while (true) {
     // 1. Serve every whole request already received, without a syscall.
     const size_t avail = b.rlen - b.rpos;
@@ -912,6 +971,7 @@ void DonorServer::Impl::data_loop(Worker& w) {
     const ssize_t n = ::recv(w.fd, b.rx.data() + part, b.rx.size() - part, 0);
     if (n > 0) {
       b.rlen += static_cast<size_t>(n);
+      follow_sender_cpu(w.fd, follow);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;

@@ -86,6 +86,10 @@ struct DonorOptions {
   uint32_t max_connections_per_session = 64;
   DonorTransportMode transport = DonorTransportMode::kAuto;
   bool try_hugepages = true;
+  // A data connection from this host (loopback) is served on the CPU its
+  // requests come from (donor_server.cc "follow_sender_cpu"); farmemd
+  // --follow-cpu=off turns it off.
+  bool follow_local_senders = true;
   // Extras beyond the agreed API.
   // A peer that does not take a reply within this long is disconnected, so
   // it cannot hold a thread or a slab pin forever.

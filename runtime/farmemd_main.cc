@@ -49,6 +49,8 @@ constexpr FlagDef kFlags[] = {
      "run without a token: ANY client that reaches the port gets in (tests only)"},
     {"transport", "auto|tcp|verbs", "auto",
      "data path; auto: verbs too when an RDMA device owns the listen address"},
+    {"follow-cpu", "on|off", "on",
+     "serve each data connection from this host on the CPU that sends its requests"},
     {"max-clients", "N", "256", "client sessions served at once"},
     {"quota-per-client", "SIZE", "0", "most one client may lease; 0 = up to --capacity"},
     {"heartbeat-interval", "DURATION", "1s", "heartbeat period asked of clients"},
@@ -151,6 +153,10 @@ Status apply(Settings* s, const FlagDef& f, std::string_view v, const std::strin
     if (v.empty())
       return make_error(Errc::kInvalidArgument, "%s is empty: expected a file name", what.c_str());
     s->token_file = std::string(v);
+  } else if (name == "follow-cpu") {
+    auto r = parse_bool(v, what);
+    if (!r.ok()) return r.status();
+    o.follow_local_senders = *r;
   } else if (name == "insecure") {
     auto r = parse_bool(v, what);
     if (!r.ok()) return r.status();

@@ -32,8 +32,10 @@ struct TcpHarness {
   static constexpr uint64_t kSlabSize = 2 * uint64_t{wire::kMaxIoLength};
   static constexpr ServerId kServer = 5;
 
-  void SetUp() {
+  // follow_cpu: DonorOptions::follow_local_senders (on by default).
+  void SetUp(bool follow_cpu = true) {
     DonorOptions o;
+    o.follow_local_senders = follow_cpu;
     o.listen = {"127.0.0.1", 0};
     o.capacity = 4 * kSlabSize;
     o.slab_size = kSlabSize;

@@ -1,14 +1,19 @@
 // The transport conformance suite: every backend passes the same typed tests
 // (the semantics of runtime/transport.h). Harnesses: transport_harness.h.
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <span>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/transport.h"
@@ -556,6 +561,82 @@ TYPED_TEST(TransportConformance, RegisterRulesRefuseOverlapAndUnknownUnregister)
     EXPECT_TRUE(st.ok()) << st.to_string();
   }
 }
+
+#if defined(FARMEM_TCP_CONFORMANCE)
+// Threads of this process whose allowed CPUs are exactly {cpu}.
+int threads_pinned_to(int cpu) {
+  int n = 0;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return -1;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream st(std::string("/proc/self/task/") + e->d_name + "/status");
+    std::string line;
+    while (std::getline(st, line)) {
+      if (line.rfind("Cpus_allowed_list:", 0) != 0) continue;
+      std::string v = line.substr(line.find_first_not_of(" \t", 18));
+      n += v == std::to_string(cpu);
+    }
+  }
+  closedir(d);
+  return n;
+}
+
+// A data connection from this host is served on the CPU that sends its
+// requests (DonorOptions::follow_local_senders, donor_server.cc
+// "follow_sender_cpu"): a client thread pinned to CPU a, then another one
+// pinned to CPU b, each doing READs on the same queue; once it is gone, the
+// donor's data thread is the one thread left pinned to that CPU, and every
+// READ is byte-exact. Off, no thread is pinned.
+TEST(TcpDonorFollowCpu, DataThreadFollowsTheSendersCpu) {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  if (cpus.size() < 2) GTEST_SKIP() << "needs two CPUs";
+  for (bool follow : {true, false}) {
+    SCOPED_TRACE(follow ? "follow on" : "follow off");
+    std::vector<uint8_t> buf(3 * 4096);
+    TcpHarness h;
+    h.SetUp(follow);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    ASSERT_TRUE(h.transport().register_buffer(buf.data(), buf.size()).ok());
+    auto q = h.transport().open_queue();
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    auto run1 = [&](IoKind k, uint8_t* local) {
+      IoOp o{k, 4096, {h.server(), h.slabs()[0].slab, 8192}, local, 1};
+      if ((*q)->post({&o, 1}) != Errc::kOk) return false;
+      IoCompletion c[1];
+      for (int i = 0; i < 500 && (*q)->wait(c, 10) == 0; ++i) {
+      }
+      return c[0].status == Errc::kOk;
+    };
+    fill_pattern(buf.data(), 4096, 7);
+    ASSERT_TRUE(run1(IoKind::kWrite, buf.data()));
+    for (int cpu : {cpus[0], cpus[1], cpus[0]}) {
+      bool ok = true;
+      std::thread t([&] {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpu, &one);
+        ok = sched_setaffinity(0, sizeof one, &one) == 0;
+        for (int i = 0; ok && i < 64; ++i) {
+          memset(buf.data() + 4096, 0, 4096);
+          ok = run1(IoKind::kRead, buf.data() + 4096) &&
+               memcmp(buf.data(), buf.data() + 4096, 4096) == 0;
+        }
+      });
+      t.join();
+      ASSERT_TRUE(ok) << "READs from CPU " << cpu;
+      EXPECT_EQ(threads_pinned_to(cpu), follow ? 1 : 0) << "CPU " << cpu;
+    }
+    q->reset();
+    h.TearDown();
+  }
+}
+#endif  // FARMEM_TCP_CONFORMANCE
 
 }  // namespace
 }  // namespace farmem::testing
