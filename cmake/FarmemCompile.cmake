@@ -47,7 +47,11 @@ function(farmem_target_defaults target)
   if(_type STREQUAL "INTERFACE_LIBRARY")
     return()
   endif()
-  target_compile_options(${target} PRIVATE
+  # One section per function and object: the preload library links with
+  # --gc-sections, and every byte of its text left in is resident in the
+  # program it runs in (the kernel's fault-around maps a cached library
+  # whole), inside the program's memory budget.
+  target_compile_options(${target} PRIVATE -ffunction-sections -fdata-sections
     $<$<COMPILE_LANGUAGE:CXX>:${FARMEM_WARNINGS}>
     $<$<COMPILE_LANGUAGE:C>:-Wall -Wextra $<$<BOOL:${FARMEM_ENABLE_WERROR}>:-Werror>>)
   target_include_directories(${target} PUBLIC

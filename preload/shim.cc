@@ -520,6 +520,50 @@ FARMEM_EXPORT void* pvalloc(size_t n) noexcept {
   return far_alloc(r, 4096, false);
 }
 
+// ---- farmem's own allocations ---------------------------------------------
+//
+// The library links libstdc++ statically (a shared one costs ~1.2 MiB of
+// resident text and libm in every program, inside its budget), and with it
+// libstdc++'s own calls of malloc: operator new, and the emergency pool for
+// exceptions, 73 KiB allocated by its static constructor, after ours. As
+// a call of the interposed malloc that pool started the runtime in every
+// program, with a donor or not (tests/allocator/preload_policy.sh: a
+// program that allocates little never connects). So every call of the
+// allocation functions from inside this library but outside this file
+// (libstdc++, the runtime, the pager) is linked to these instead
+// (-Wl,--wrap in preload/CMakeLists.txt): what farmem allocates for itself
+// is local, whatever the thread or scope. free() and realloc() keep the
+// interposed logic: a far block handed to them is still freed far.
+#define FARMEM_WRAP extern "C" __attribute__((visibility("hidden")))
+FARMEM_WRAP void* __wrap_malloc(size_t n);
+FARMEM_WRAP void* __wrap_calloc(size_t c, size_t n);
+FARMEM_WRAP void* __wrap_realloc(void* p, size_t n);
+FARMEM_WRAP void __wrap_free(void* p);
+FARMEM_WRAP void* __wrap_aligned_alloc(size_t a, size_t n);
+FARMEM_WRAP int __wrap_posix_memalign(void** out, size_t a, size_t n);
+void* __wrap_malloc(size_t n) {
+  return __libc_malloc(n);
+}
+void* __wrap_calloc(size_t c, size_t n) {
+  return __libc_calloc(c, n);
+}
+void* __wrap_realloc(void* p, size_t n) {
+  return is_far(p) ? realloc(p, n) : __libc_realloc(p, n);
+}
+void __wrap_free(void* p) {
+  free(p);
+}
+void* __wrap_aligned_alloc(size_t a, size_t n) {
+  return __libc_memalign(a, n);
+}
+int __wrap_posix_memalign(void** out, size_t a, size_t n) {
+  if (a < sizeof(void*) || (a & (a - 1)) != 0) return EINVAL;
+  void* p = __libc_memalign(a, n);
+  if (p == nullptr) return ENOMEM;
+  *out = p;
+  return 0;
+}
+
 FARMEM_EXPORT size_t malloc_usable_size(void* p) noexcept {
   if (p == nullptr) return 0;
   if (is_far(p)) return g_heap.load(std::memory_order_relaxed)->usable_size(p);

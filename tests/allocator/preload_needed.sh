@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The preload library maps rdma-core only when it uses verbs
-# (runtime/verbs_lib.h), and libcrypto never (runtime/auth.cc has its own
-# HMAC-SHA256): loaded, they cost every preloaded program ~20 ms of CPU and
-# libcrypto 3.5 MiB of resident set inside its budget. Checks, with
-# FARMEM_PRELOAD_LIB set:
-#   1. its DT_NEEDED list names none of libibverbs, librdmacm, libcrypto
-#      (a verbs call added without its forwarder in runtime/verbs_lib.cc
-#      brings one back);
+# (runtime/verbs_lib.h), libcrypto never (runtime/auth.cc has its own
+# HMAC-SHA256), and no shared libstdc++ (linked in, preload/CMakeLists.txt):
+# loaded, they cost every preloaded program ~20 ms of CPU and resident set
+# inside its budget (libcrypto 3.5 MiB, libstdc++ with libm ~1.2 MiB).
+# Checks, with FARMEM_PRELOAD_LIB set:
+#   1. its DT_NEEDED list names none of libibverbs, librdmacm, libcrypto,
+#      libstdc++ (a verbs call added without its forwarder in
+#      runtime/verbs_lib.cc brings one back);
 #   2. a program that used far memory over loopback (FARMEM_STATS shows far
 #      allocations) never mapped any of them;
 #   2b. with FARMEMD set: nor one that pages to a donor over tcp, both
@@ -19,7 +20,7 @@
 set -euo pipefail
 : "${FARMEM_PRELOAD_LIB:?set FARMEM_PRELOAD_LIB to libfarmem_preload.so}"
 fail() { echo "FAIL: $*" >&2; exit 1; }
-lazy='libibverbs|librdmacm|libcrypto'
+lazy='libibverbs|librdmacm|libcrypto|libstdc\+\+'
 
 needed=$(readelf -d "$FARMEM_PRELOAD_LIB" | awk '/NEEDED/ { print $NF }')
 echo "DT_NEEDED: $(echo $needed)"
@@ -61,7 +62,7 @@ run_far_and_check() {
   if grep -Eq "$lazy" "$work/out"; then
     fail "a $label run mapped $(grep -Eo "($lazy)[^ ]*" "$work/out" | sort -u | tr '\n' ' ')"
   fi
-  echo "$label run: $far far allocations, no rdma-core or libcrypto mapped"
+  echo "$label run: $far far allocations, no rdma-core, libcrypto or libstdc++ mapped"
 }
 
 run_far_and_check loopback 4 FARMEM_TRANSPORT=loopback FARMEM_LOOPBACK_CAPACITY=256M
