@@ -366,8 +366,10 @@ class Programs:
                 if "sock" in cell and k in cell["sock"]:
                     cell[k] = cell["sock"][k]
 
-    def run_cell(self, prog, system, ratio):
-        """ratio None: the plain run (local) or farmem's calibration run."""
+    def run_cell(self, prog, system, ratio, raise_pct=0):
+        """ratio None: the plain run (local) or farmem's calibration run.
+        raise_pct: swap / zswap only, the limit raised by that share of P
+        (the retries after the memcg OOM killer, see run_program)."""
         h = self.h
         cell = {"workload": prog, "set": "programs", "system": system, "ratio": ratio,
                 "status": "ok", "notes": []}
@@ -393,8 +395,11 @@ class Programs:
                 cell["budget_bytes_set"] = budget
             else:
                 k = max(0, plain.get("max_usage_bytes", 0) - P)
-                cg_limit = (cell["target_rss_bytes"] + k + 4095) // 4096 * 4096
+                cg_limit = (cell["target_rss_bytes"] + k + P * raise_pct // 100 + 4095) \
+                    // 4096 * 4096
                 cell["limit_bytes"] = cg_limit
+                if raise_pct:
+                    cell["limit_raised_pct"] = raise_pct
                 err = h.set_zswap(system == "zswap")
                 if err:
                     cell.update(status="skipped", reason=err)
@@ -455,9 +460,9 @@ class Programs:
             cell["notes"].append("%d large allocations were served by glibc, not the far heap"
                                  % cell["local_fallbacks"])
 
-    def safe_run_cell(self, prog, system, ratio):
+    def safe_run_cell(self, prog, system, ratio, raise_pct=0):
         try:
-            return self.run_cell(prog, system, ratio)
+            return self.run_cell(prog, system, ratio, raise_pct)
         except ev.Interrupted:
             raise
         except Exception as e:  # a harness bug costs one cell, not the run
@@ -584,6 +589,20 @@ class Programs:
                     self.log("%s %s %d%%: OOM-killed by the kernel; one retry" % (prog, s, r))
                     c = self.safe_run_cell(prog, s, r)
                     c["notes"].append("OOM-killed once before this run")
+                # The kernel's memcg OOM killer fires at a tight limit even
+                # with swap to spare (Linux 6.18, cgroup v1: a swap-in
+                # charge that reclaim cannot meet): the cell is then run
+                # at a limit raised by a few percent of P, so that swap
+                # still has a figure, reported with the limit it ran at
+                # (its peak RSS is off the target by as much).
+                for bump in RAISE_AFTER_OOM_PCT:
+                    if c["status"] != "oom" or s not in ("swap", "zswap"):
+                        break
+                    self.log("%s %s %d%%: OOM-killed again; retry with the limit raised by "
+                             "%d%% of the plain peak" % (prog, s, r, bump))
+                    c = self.safe_run_cell(prog, s, r, raise_pct=bump)
+                    c["notes"].append("OOM-killed at the target limit; run with the limit "
+                                      "raised by %d%% of the plain peak RSS" % bump)
                 if c["status"] == "timeout":
                     slow = r
                 self.report(c)
@@ -630,6 +649,11 @@ class Programs:
             self.log("%-8s %-11s %-7s %s: %s [load %s]" % (c["workload"], c["system"], rs,
                                                            c["status"].upper(),
                                                            c.get("reason", ""), load))
+
+
+# After two memcg OOM kills at a ratio, swap is retried at a limit raised by
+# these shares of the plain peak RSS, in turn, until one runs.
+RAISE_AFTER_OOM_PCT = (3, 6, 10)
 
 
 def mib(b):
