@@ -17,6 +17,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -122,7 +123,14 @@ class ResidentSampler {
       : counter_(std::move(counter)), thread_([this, mem, len] {
           while (!done_.load()) {
             const uint64_t r = counter_();
-            const uint64_t m = mapped_pages(mem, len) * kIntegrityPage;
+            // A scan is not atomic: a page dropped behind it and another
+            // mapped ahead of it while it walks are both counted, so under
+            // load one scan can see a page or two more than were ever
+            // mapped at once. The smaller of two back-to-back scans is kept
+            // (an excess that lasts is seen by both; the pager's own
+            // counter is checked exactly, by max_counter()).
+            const uint64_t m =
+                std::min(mapped_pages(mem, len), mapped_pages(mem, len)) * kIntegrityPage;
             if (r > max_counter_) max_counter_ = r;
             if (m > max_mapped_) max_mapped_ = m;
             ++samples_;

@@ -126,12 +126,17 @@ TEST(PagerZeroPage, ConcurrentFirstReadsAndWritesStayByteExact) {
   auto* mem = static_cast<uint8_t*>(p.base());
   constexpr int kReaders = 3;
   std::atomic<bool> go{false};
+  std::atomic<int> readers_ready{0};
   std::atomic<uint64_t> bad{0};
   std::vector<std::thread> ts;
   // One writer per page parity; readers walk the same pages just ahead.
+  // Each reader first reads one page of its own at the end of the range
+  // before the writers start, so that some first touches are surely reads
+  // whatever the scheduling (under load the writers could otherwise be
+  // ahead of every reader).
   for (int t = 0; t < 2; ++t) {
     ts.emplace_back([&, t] {
-      while (!go.load()) {
+      while (!go.load() || readers_ready.load() < kReaders) {
       }
       for (size_t pg = static_cast<size_t>(t); pg < region; pg += 2) {
         uint64_t v = pg * 2654435761u + 1;
@@ -142,6 +147,13 @@ TEST(PagerZeroPage, ConcurrentFirstReadsAndWritesStayByteExact) {
   for (int r = 0; r < kReaders; ++r) {
     ts.emplace_back([&, r] {
       while (!go.load()) {
+      }
+      {
+        const size_t own = region - 1 - static_cast<size_t>(r);
+        uint64_t v = 0;
+        memcpy(&v, mem + own * kPage + 8 * (own % 500), sizeof v);
+        if (v != 0) bad.fetch_add(1);  // nobody writes before readers_ready
+        readers_ready.fetch_add(1);
       }
       for (size_t pg = static_cast<size_t>(r); pg < region; pg += 1) {
         uint64_t v = 0;
