@@ -57,6 +57,9 @@
 //   BM_ZipfReplacement     the pager's hit ratio on a zipfian (0.99) trace at
 //                          a 25% budget (loopback), next to FIFO, exact LRU
 //                          and the policy's model on the same trace.
+//   BM_ZapScattered        dropping scattered pages: a madvise() each vs one
+//                          ZapBatch (process_madvise), with and without
+//                          another thread of the process running: us/page.
 //
 //   ./build/bench/farmem_bench_pager --benchmark_min_time=1x
 //   build-P/bench/farmem_bench_pager --benchmark_filter=ColdFault --benchmark_repetitions=3
@@ -79,6 +82,7 @@
 #include "pager/remote_map.h"
 #include "pager/replacement_sim.h"
 #include "pager/uffd.h"
+#include "pager/zap.h"
 #include "runtime/loopback_transport.h"
 #if defined(FARMEM_BENCH_TCP)
 #include "runtime/donor_client.h"
@@ -1021,6 +1025,77 @@ BENCHMARK(BM_ZipfReplacement)
     ->ArgName("victim")
     ->Arg(0)
     ->Arg(1)
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+
+// BM_ZapScattered/batched: the cost of dropping scattered pages, per page,
+// the way a demotion batch does (pager/zap.h): batched:1 one
+// process_madvise() per batch of `pages` (ZapBatch), batched:0 a madvise()
+// per page, in interleaved rounds; `others`:1 with another thread of the
+// process spinning on another CPU (the program running while the evictor
+// demotes: every flush is then a cross-CPU interrupt). Pages at random
+// addresses in 256 MiB, written before each round. Reports us_per_page
+// (median round) for both and the ratio single / batched.
+void BM_ZapScattered(benchmark::State& state) {
+  const size_t pages = static_cast<size_t>(state.range(0));
+  const bool others = state.range(1) != 0;
+  constexpr size_t kSpan = 256u << 20;
+  void* m = mmap(nullptr, kSpan, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) {
+    state.SkipWithError("mmap failed");
+    return;
+  }
+  auto* mem = static_cast<char*>(m);
+  std::atomic<bool> stop{false};
+  std::thread spinner;
+  if (others) {
+    spinner = std::thread([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+  }
+  std::mt19937_64 rng(5);
+  std::vector<char*> at(pages);
+  std::vector<double> single_us, batched_us;
+  for (auto _ : state) {
+    for (int round = 0; round < 64; ++round) {
+      for (int mode = 0; mode < 2; ++mode) {
+        for (auto& p : at) {
+          p = mem + (rng() % (kSpan / 4096)) * 4096;
+          *p = 1;
+        }
+        std::sort(at.begin(), at.end());
+        const auto t0 = std::chrono::steady_clock::now();
+        if (mode == 0) {
+          for (char* p : at) (void)madvise(p, 4096, MADV_DONTNEED);
+        } else {
+          ZapBatch z;
+          for (char* p : at) (void)z.add(p, 4096);
+          (void)z.flush();
+        }
+        const double us =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                .count() /
+            static_cast<double>(pages);
+        (mode == 0 ? single_us : batched_us).push_back(us);
+      }
+    }
+  }
+  stop = true;
+  if (spinner.joinable()) spinner.join();
+  munmap(m, kSpan);
+  auto med = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  state.counters["single_us_per_page"] = med(single_us);
+  state.counters["batched_us_per_page"] = med(batched_us);
+  state.counters["ratio"] = med(batched_us) > 0 ? med(single_us) / med(batched_us) : 0.0;
+  state.counters["batching_available"] = ZapBatch::batching_available() ? 1 : 0;
+}
+BENCHMARK(BM_ZapScattered)
+    ->ArgNames({"pages", "others"})
+    ->ArgsProduct({{16, 64, 256}, {0, 1}})
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 

@@ -35,9 +35,13 @@
 // a range of up to 33 pages page by page, ~20-30 us each, and anything
 // larger with one full flush of ~60-100 us (madvise(MADV_DONTNEED) of 1 /
 // 8 / 32 / 33 / 34 / 64 adjacent pages: 30 / 178 / 720 / 580 / 109 / 152
-// us per call, single-threaded; process_madvise() with 32 or 64 scattered
-// pages costs the same per page as a madvise() each, so it is not used).
-// So demote_batch() write-protects the dirty blocks one
+// us per call, single-threaded). The drops of a batch, scattered or not,
+// go in one process_madvise() call of the process on itself (pager/zap.h,
+// ZapBatch): since Linux 6.16 that is one flush for all of them (64
+// random pages with another thread of the process running: 0.6 us per
+// page against ~10 us with a madvise() each; an earlier measurement here
+// saw no gain, on a kernel that did not batch yet).
+// Write protection has no such call, so demote_batch() write-protects the dirty blocks one
 // UFFDIO_WRITEPROTECT per run of adjacent blocks (as MADV_DONTNEED was
 // already), evict_round() demotes at least min(64, budget / 16) blocks at
 // a time, and demote_batch() closes gaps of one or two resident blocks
@@ -60,6 +64,7 @@
 #pragma once
 
 #include "pager/pager_core.h"
+#include "pager/zap.h"
 
 namespace farmem {
 
@@ -70,6 +75,20 @@ void Pager<B>::kick_evictor() {
   // the evictor going to sleep).
   { std::lock_guard<std::mutex> lk(evict_mu_); }
   evict_cv_.notify_one();
+}
+
+// kWritten for a block whose dirty copy in slot has just been written
+// back: it was seen written (a write fault, a WP fault), or it was mapped
+// writable on a guess (kGuessed) and its content is no longer what that
+// fetch brought (fetched_hash()). Without the hash a guessed block always
+// left unwritten, so a block written in every stay alternated between a
+// guessed stay and a write-protected one, with a WP fault every second
+// fetch (xz -7: ~210k of 430k remote faults). A collision only costs that
+// WP fault once; the write-back itself never depends on the hash.
+template <TransportBackend B>
+uint32_t Pager<B>::written_flag(uint32_t b, uint32_t w, uint32_t slot) {
+  if ((w & PageTable::kGuessed) == 0) return PageTable::kWritten;
+  return block_hash(slot_addr(slot), block_) != pt_.fetched_hash(b) ? PageTable::kWritten : 0;
 }
 
 // Free slots' pages. A victim slot keeps its page when its block leaves
@@ -161,14 +180,11 @@ size_t Pager<B>::release_slot_pages(size_t max) {
   }
   if (n == 0) return 0;
   std::sort(picked, picked + n);
-  for (size_t i = 0; i < n;) {
-    size_t j = i + 1;
-    while (j < n && picked[j] == picked[j - 1] + 1) ++j;
-    if (madvise(slot_addr(picked[i]), uint64_t{j - i} * block_, MADV_DONTNEED) != 0) {
-      fatal("pager: MADV_DONTNEED of %zu free victim slot(s) at %p failed: %s", j - i,
-            static_cast<void*>(slot_addr(picked[i])), strerror(errno));
-    }
-    i = j;
+  ZapBatch zap;  // n <= kDemotePick: add() never flushes early
+  for (size_t i = 0; i < n; ++i) (void)zap.add(slot_addr(picked[i]), block_);
+  if (int err = zap.flush(); err != 0) {
+    fatal("pager: MADV_DONTNEED of %zu free victim slot(s) from %p failed: %s", n,
+          static_cast<void*>(slot_addr(picked[0])), strerror(err));
   }
   {
     std::lock_guard<std::mutex> lk(slot_mu_);
@@ -444,20 +460,17 @@ size_t Pager<B>::demote_batch(size_t max, size_t* dropped) {
     pager_detail::copy_from_region(slot_addr(slots[i]), block_addr(blocks[i]), block_);
     words[i] = clean_if_zero(blocks[i], slots[i], words[i]);
   }
-  // One MADV_DONTNEED per run of adjacent blocks: each call is a TLB
-  // shoot-down, and a scan demotes long runs.
+  // The runs of adjacent blocks dropped under one TLB flush (pager/zap.h;
+  // one MADV_DONTNEED per run where the kernel cannot batch).
   std::sort(sorted, sorted + nc);
-  for (size_t i = 0; i < nc;) {
-    size_t j = i + 1;
-    while (j < nc && sorted[j] == sorted[j - 1] + 1) ++j;
-    char* addr = block_addr(sorted[i]);
-    if (madvise(addr, (j - i) * uint64_t{block_}, MADV_DONTNEED) != 0) {
-      fatal("pager: MADV_DONTNEED of %zu blocks at %p failed: %s", j - i, static_cast<void*>(addr),
-            strerror(errno));
-    }
-    evict_dontneed_calls_.fetch_add(1, std::memory_order_relaxed);
-    i = j;
+  ZapBatch zap;  // nc <= kMaxBatch: add() never flushes early
+  for (size_t i = 0; i < nc; ++i) (void)zap.add(block_addr(sorted[i]), block_);
+  if (int err = zap.flush(); err != 0) {
+    fatal("pager: MADV_DONTNEED of %zu demoted blocks from %p failed: %s", nc,
+          static_cast<void*>(block_addr(sorted[0])), strerror(err));
   }
+  evict_dontneed_calls_.fetch_add(zap.batched_calls() + zap.single_calls(),
+                                  std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lk(list_mu_);
     for (size_t i = 0; i < n; ++i) {
@@ -682,9 +695,8 @@ size_t Pager<B>::writeback_done(const IoCompletion& c) {
   if (wb_retry_[slot] == 0 && wb_ok_[slot] > 0) {
     // Every live replica stored the WRITE: only now may the local copy go
     // (invariant 1).
-    // Seen written (not only guessed): it comes back writable.
-    pt_.finish(b, PageTable::make(PageState::kRemote,
-                                  (w & PageTable::kGuessed) ? 0 : PageTable::kWritten, 0));
+    // Seen written: it comes back writable.
+    pt_.finish(b, PageTable::make(PageState::kRemote, written_flag(b, w, slot), 0));
     free_slot(slot);
     unreserve();
     counters_.bump(counters_.evictions_dirty);
@@ -975,8 +987,7 @@ Status Pager<B>::evict(void* addr, size_t len) {
                           static_cast<void*>(block_addr(b)),
                           remote_->server_name(op.remote.server));
       }
-      pt_.finish(b, PageTable::make(PageState::kRemote,
-                                    (w & PageTable::kGuessed) ? 0 : PageTable::kWritten, 0));
+      pt_.finish(b, PageTable::make(PageState::kRemote, written_flag(b, w, slot), 0));
       free_slot(slot);
       unreserve();
       counters_.bump(counters_.evictions_dirty);

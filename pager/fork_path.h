@@ -160,6 +160,7 @@ Status Pager<B>::prepare_fork() {
   hint_mu_.lock();
   fork_gate_.lock();  // the evictor finishes its round and stops
   fork_frozen_.store(true, std::memory_order_seq_cst);
+  park_.bump();  // parked handlers come back to read the uffd meanwhile
   fork_.open_window();
   // 1. Handlers: a dispatch that began before the flag ends (one that
   //    begins after it parks its faults). An idle handler may be blocked in

@@ -39,6 +39,7 @@
 #include "pager/config.h"
 #include "pager/fork_snapshot.h"
 #include "pager/page_table.h"
+#include "pager/park.h"
 #include "pager/prefetch.h"
 #include "pager/remote_map.h"
 #include "pager/replacement_sim.h"
@@ -441,6 +442,7 @@ class Pager {
   // Evictor.
   void evictor_main();
   size_t evict_round(int64_t floor);
+  uint32_t written_flag(uint32_t b, uint32_t w, uint32_t slot);
   void adapt_victims();
   // Returns how many blocks left the active list; *dropped (when asked):
   // how many of them went straight back to Remote (mapped ahead, clean).
@@ -585,6 +587,21 @@ class Pager {
   std::atomic<bool> stop_{false};
   int stop_fd_ = -1;
 
+  // Parked handlers (fault_path.h "Parked handlers"). main_cpu_: the main
+  // thread's rseq cpu_id (null: parking off); main_tid_: its thread id, as
+  // a fault's ptid names it; handler_cpus_: bit c set when a handler is
+  // pinned to CPU c; fault_cpu_: the CPU of the main thread's latest
+  // fault (-1: none yet); other_fault_ns_: when a thread other than the
+  // main thread last faulted (0: never); park_: parked handlers sleep on it.
+  static constexpr long kParkNs = 50'000'000;                 // a parked handler looks again
+  static constexpr uint64_t kParkAfterOtherNs = 100'000'000;  // no parking this soon after
+  const volatile uint32_t* main_cpu_ = nullptr;
+  int main_tid_ = 0;
+  uint64_t handler_cpus_ = 0;
+  std::atomic<int> fault_cpu_{-1};
+  std::atomic<uint64_t> other_fault_ns_{0};
+  ParkWord park_;
+
   // Idle handlers block in read() (see the comment above handler_main() in
   // fault_path.h).
   // blocking_read_: the uffd is blocking and preadv2(RWF_NOWAIT) works.
@@ -610,6 +627,13 @@ class Pager {
   int pollers_ = 0;                   // guarded by mode_mu_
   std::atomic<int> pollers_hint_{0};  // its last value, read unlocked
   void set_poller(Handler& h, bool on);
+  // Parked handlers: note_faulter() follows where the main thread faults
+  // (wakes the parked handlers when that changes); should_park() says
+  // whether an idle `h` is not needed; park() sleeps (at most kParkNs)
+  // when it holds and says whether it did.
+  void note_faulter(const uffd_msg& m);
+  bool should_park(const Handler& h) const;
+  bool park(const Handler& h);
   void doorbell_main();
   // Keeps the doorbell ringing (a fault on it that every handler reading it
   // wakes unresolved, so that it faults again) until done() holds, then

@@ -187,6 +187,15 @@ Status Pager<B>::init() {
   // may at least be woken on the faulting thread's CPU.
   std::vector<int> cpus = cfg_.pin_handlers ? allowed_cpus() : std::vector<int>{};
   if (cpus.size() > handlers_.size()) cpus.clear();
+  // Parked handlers (fault_path.h): only with one handler per CPU, faults
+  // that name their thread, and a start on the main thread. Set before the
+  // handlers start, which read them.
+  if (!cpus.empty() && handlers_.size() > 1 && uffd_.features().thread_id) {
+    for (int c : cpus)  // each gets a handler: there are at least as many
+      if (c < 64) handler_cpus_ |= uint64_t{1} << c;
+    main_cpu_ = main_thread_cpu();
+    main_tid_ = static_cast<int>(getpid());
+  }
   for (size_t i = 0; i < handlers_.size(); ++i) {
     Handler* hp = handlers_[i].get();
     hp->thread = std::thread([this, hp] { handler_main(*hp); });
@@ -215,6 +224,7 @@ template <TransportBackend B>
 Pager<B>::~Pager() {
   fork_.shutdown(/*fill=*/!fork_child_);  // children get their snapshot blocks first
   stop_.store(true, std::memory_order_release);
+  park_.bump();  // parked handlers see stop_ at once
   if (stop_fd_ >= 0) {
     uint64_t one = 1;
     ssize_t w = write(stop_fd_, &one, sizeof one);

@@ -81,6 +81,7 @@ UffdFeatures decode(uint64_t raw) {
   f.move = (raw & kFeatureMove) != 0;
   f.minor_shmem = (raw & UFFD_FEATURE_MINOR_SHMEM) != 0;
   f.exact_address = (raw & UFFD_FEATURE_EXACT_ADDRESS) != 0;
+  f.thread_id = (raw & UFFD_FEATURE_THREAD_ID) != 0;
   f.event_fork = (raw & UFFD_FEATURE_EVENT_FORK) != 0;
   return f;
 }
@@ -94,6 +95,7 @@ std::string UffdFeatures::to_string() const {
   if (move) s += " move";
   if (minor_shmem) s += " minor_shmem";
   if (exact_address) s += " exact_address";
+  if (thread_id) s += " thread_id";
   if (event_fork) s += " event_fork";
   return s;
 }
@@ -123,7 +125,8 @@ Result<Uffd> Uffd::open(bool wp_async) {
   uffdio_api want{};
   want.api = UFFD_API;
   want.features = UFFD_FEATURE_PAGEFAULT_FLAG_WP |
-                  (f.exact_address ? UFFD_FEATURE_EXACT_ADDRESS : 0) | (f.move ? kFeatureMove : 0) |
+                  (f.exact_address ? UFFD_FEATURE_EXACT_ADDRESS : 0) |
+                  (f.thread_id ? UFFD_FEATURE_THREAD_ID : 0) | (f.move ? kFeatureMove : 0) |
                   (wp_async && f.wp_async && f.move ? kFeatureWpAsync : 0);
   u.wp_async_ = wp_async && f.wp_async && f.move;  // demotion needs UFFDIO_MOVE (victim_move.h)
   if (f.event_fork) {

@@ -43,6 +43,7 @@ struct UffdFeatures {
   bool move = false;              // UFFDIO_MOVE
   bool minor_shmem = false;       // UFFDIO_CONTINUE on shmem
   bool exact_address = false;     // UFFD_FEATURE_EXACT_ADDRESS
+  bool thread_id = false;         // UFFD_FEATURE_THREAD_ID: a fault names its thread (ptid)
   bool event_fork = false;        // UFFD_FEATURE_EVENT_FORK offered by the kernel
   std::string to_string() const;  // "missing+wp move wp_async ..."
 };

@@ -8,6 +8,7 @@
 //   ctest -R PagerFaultPath
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -384,9 +385,14 @@ TEST(PagerFaultPath, VictimHitOnWriteIsOneFault) {
 
 // Written blocks come back writable (fault_path.h): a block seen written
 // in its last stay (a write fault or a WP fault) is mapped writable and
-// dirty by a read fault, so that its next write takes no WP fault; such a
-// stay proves nothing (no write can be seen), so the block after it comes
-// back write-protected, and a block only read since costs one write-back.
+// dirty by a read fault, so that its next write takes no WP fault. Such a
+// guessed stay sees no write, so what decides the next one is whether the
+// content the block leaves with differs from what its fetch brought
+// (PageTable::fetched_hash()): a block written in every stay stays
+// writable (before the hash it alternated, a WP fault every second
+// fetch), one only read since comes back write-protected and then leaves
+// without a write-back, and one rewritten with the same bytes counts as
+// unwritten (a hint: its next write is a WP fault, and seen again).
 TEST(PagerFaultPath, WrittenBlockComesBackWritable) {
   FARMEM_SKIP_WITHOUT_UFFD();
   LoopbackRig rig;
@@ -418,19 +424,34 @@ TEST(PagerFaultPath, WrittenBlockComesBackWritable) {
   evict_both();
   EXPECT_EQ(rig.donor.writes(), 2u);
   // Stay 1: both guessed writable: a's write takes no WP fault; both are
-  // written back (r's write-back is the price of the guess).
+  // written back (r's write-back is the price of the guess), a changed.
   EXPECT_EQ(stay(), 0u);
   evict_both();
   EXPECT_EQ(rig.donor.writes(), 4u);
-  // Stay 2: a guess is not renewed: both come back write-protected, a's
-  // write is a WP fault (seen), r leaves clean without a write.
-  EXPECT_EQ(stay(), 1u);
+  // Stays 2 and 3: a changed in its guessed stay: writable again, no WP
+  // fault; r did not: write-protected, and it leaves clean without a write.
+  EXPECT_EQ(stay(), 0u);
   evict_both();
   EXPECT_EQ(rig.donor.writes(), 5u);
-  // Stay 3: a was seen written: writable again; r stays write-protected.
   EXPECT_EQ(stay(), 0u);
   evict_both();
   EXPECT_EQ(rig.donor.writes(), 6u);
+  // Stay 4: a is rewritten with the bytes it came with: written back (the
+  // write-back never depends on the hash), but counted as unwritten ...
+  {
+    const PagerStats s0 = p.stats();
+    EXPECT_EQ(a[0], next - 1);
+    a[0] = static_cast<uint8_t>(next - 1);
+    EXPECT_EQ(p.stats().faults_wp - s0.faults_wp, 0u);
+  }
+  ASSERT_TRUE(p.evict(a, kPage).ok());
+  EXPECT_EQ(rig.donor.writes(), 7u);
+  // ... so stay 5 maps it write-protected, and its real write is seen.
+  EXPECT_EQ(stay(), 1u);
+  evict_both();
+  EXPECT_EQ(rig.donor.writes(), 8u);
+  EXPECT_EQ(stay(), 0u);  // seen written: writable again
+  evict_both();
   EXPECT_EQ(a[0], next - 1);  // byte-exact after every round trip
   EXPECT_EQ(r[0], 0x77);
 }
@@ -459,8 +480,10 @@ TEST(PagerFaultPath, WrittenWritableOffKeepsWriteProtection) {
 // Handlers per CPU (fault_path.h): by default one fault handler per CPU
 // the process may use, each pinned to its own CPU (the kernel's view, read
 // back from /proc), and faults are served byte-exact. Unpinned on request.
-std::vector<std::string> fault_thread_cpus() {
-  std::vector<std::string> out;
+// Of each fm-fault thread: its CPUs (Cpus_allowed_list) and its voluntary
+// context switches so far, sorted by CPUs.
+std::vector<std::pair<std::string, long>> fault_threads() {
+  std::vector<std::pair<std::string, long>> out;
   DIR* d = opendir("/proc/self/task");
   if (d == nullptr) return out;
   while (dirent* e = readdir(d)) {
@@ -471,17 +494,24 @@ std::vector<std::string> fault_thread_cpus() {
     std::getline(comm, name);
     if (name != "fm-fault") continue;
     std::ifstream status(dir + "/status");
-    std::string line;
+    std::string line, cpus;
+    long sw = -1;
     while (std::getline(status, line)) {
-      if (line.rfind("Cpus_allowed_list:", 0) == 0) {
-        std::string v = line.substr(line.find(':') + 1);
-        v.erase(0, v.find_first_not_of(" \t"));
-        out.push_back(v);
-      }
+      std::string v = line.substr(line.find(':') + 1);
+      v.erase(0, v.find_first_not_of(" \t"));
+      if (line.rfind("Cpus_allowed_list:", 0) == 0) cpus = v;
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) sw = std::stol(v);
     }
+    out.emplace_back(cpus, sw);
   }
   closedir(d);
   std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::string> fault_thread_cpus() {
+  std::vector<std::string> out;
+  for (const auto& t : fault_threads()) out.push_back(t.first);
   return out;
 }
 
@@ -534,6 +564,75 @@ TEST(PagerFaultPath, HandlersArePinnedOnePerCpu) {
     P& p = rig.start(c);
     EXPECT_EQ(p.handler_cpu(0), -1);
   }
+}
+
+// Parked handlers (fault_path.h): the voluntary context switches of the
+// fm-fault thread pinned to `cpu`.
+long switches_of(const std::vector<std::pair<std::string, long>>& v, int cpu) {
+  for (const auto& [c, sw] : v)
+    if (c == std::to_string(cpu)) return sw;
+  return -1;
+}
+
+// Writes then reads back `pages` pages of `mem` (with a budget far below
+// them: every read after the first pass is a remote fault).
+void write_and_check(uint8_t* mem, size_t pages, uint64_t version) {
+  for (size_t i = 0; i < pages; ++i) fill_page(mem + i * kPage, i, version);
+  ASSERT_EQ(first_bad_page(mem, pages, version), pages);
+}
+
+// With faults from the main thread alone, the handler that is not on its
+// CPU parks: it is no longer woken by each fault (the old behaviour: every
+// handler blocked in read() was, and the one on the other CPU served most
+// faults). A fault from another thread brings it back. Byte-exact always.
+TEST(PagerFaultPath, HandlersOffTheMainThreadsCpuPark) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  const std::vector<int> cpus = allowed_cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "needs two CPUs";
+  cpu_set_t old_set;
+  ASSERT_EQ(sched_getaffinity(0, sizeof old_set, &old_set), 0);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpus[0], &one);
+  {
+    LoopbackRig rig;
+    PagerConfig c = fault_path_config(64, 4096);
+    c.handler_threads = 2;  // pinned to cpus[0] and cpus[1]
+    P& p = rig.start(c);
+    ASSERT_EQ(p.handler_cpu(0), cpus[0]);
+    ASSERT_EQ(p.handler_cpu(1), cpus[1]);
+    ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);  // the main thread stays on cpus[0]
+    auto* mem = static_cast<uint8_t*>(p.base());
+    write_and_check(mem, 1024, 1);  // the first main-thread faults: the other handler parks
+    const auto before = fault_threads();
+    const uint64_t f0 = p.stats().faults_remote;
+    for (uint64_t round = 2; round < 5; ++round) write_and_check(mem, 1024, round);
+    const auto after = fault_threads();
+    const uint64_t faults = p.stats().faults_remote - f0;
+    ASSERT_GE(faults, 2000u) << p.stats().to_string();
+    const long home = switches_of(after, cpus[0]) - switches_of(before, cpus[0]);
+    const long away = switches_of(after, cpus[1]) - switches_of(before, cpus[1]);
+    // The home handler serves every fault (back to back ones without a
+    // sleep in between); the parked one wakes every kParkNs at most.
+    EXPECT_GE(home, static_cast<long>(faults) / 4) << "the handler on the main thread's CPU";
+    EXPECT_LT(away, static_cast<long>(faults) / 20)
+        << "the parked handler, over " << faults << " faults (home: " << home << ")";
+
+    // Another thread, on the other CPU, faults: the parked handler is up again.
+    const auto b2 = fault_threads();
+    std::thread t([&] {
+      cpu_set_t other;
+      CPU_ZERO(&other);
+      CPU_SET(cpus[1], &other);
+      ASSERT_EQ(sched_setaffinity(0, sizeof other, &other), 0);
+      for (uint64_t round = 7; round < 10; ++round) write_and_check(mem, 1024, round);
+    });
+    t.join();
+    const long away2 = switches_of(fault_threads(), cpus[1]) - switches_of(b2, cpus[1]);
+    EXPECT_GE(away2, 1000) << "the handler on the other thread's CPU";
+    write_and_check(mem, 1024, 11);
+  }
+  ASSERT_EQ(sched_setaffinity(0, sizeof old_set, &old_set), 0);
 }
 
 }  // namespace

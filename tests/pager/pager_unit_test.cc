@@ -2,6 +2,7 @@
 // prefetch decisions and the replacement policy simulation.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -16,6 +17,7 @@
 #include "pager/prefetch.h"
 #include "pager/replacement_sim.h"
 #include "pager/uffd.h"
+#include "pager/zap.h"
 
 namespace farmem {
 namespace {
@@ -67,6 +69,89 @@ TEST(PageTableTest, WordPacksStateFlagsAndSlot) {
   EXPECT_FALSE(pt.try_transition(5, stale, PageTable::make(PageState::kFetching, 0, 0)));
   EXPECT_EQ(stale, v);
   EXPECT_EQ(pt.init(0).code(), Errc::kInvalidArgument);
+}
+
+// block_hash() (the written hint of guessed blocks): the same bytes give
+// the same hash, and a change of any one byte, at any position of a 4 KiB
+// block (each of the four lanes and the last word), gives another.
+TEST(PageTableTest, BlockHashSeesEveryByte) {
+  std::vector<uint8_t> blk(4096);
+  std::mt19937 rng(7);
+  for (auto& x : blk) x = static_cast<uint8_t>(rng());
+  const uint32_t h0 = block_hash(blk.data(), blk.size());
+  EXPECT_EQ(block_hash(blk.data(), blk.size()), h0);
+  for (size_t i = 0; i < blk.size(); ++i) {
+    blk[i] ^= 0x01;
+    ASSERT_NE(block_hash(blk.data(), blk.size()), h0) << "byte " << i;
+    blk[i] ^= 0x01;
+  }
+  // Two words swapped within a lane and across lanes: not the same hash.
+  std::vector<uint8_t> sw = blk;
+  std::swap_ranges(sw.begin(), sw.begin() + 8, sw.begin() + 32);
+  EXPECT_NE(block_hash(sw.data(), sw.size()), h0);
+  sw = blk;
+  std::swap_ranges(sw.begin(), sw.begin() + 8, sw.begin() + 8 + 8);
+  EXPECT_NE(block_hash(sw.data(), sw.size()), h0);
+  // Zeros vs. one set bit in the tail past the last whole 32-byte group.
+  std::vector<uint8_t> z(4096 + 8, 0);
+  const uint32_t hz = block_hash(z.data(), z.size());
+  z.back() = 0x80;
+  EXPECT_NE(block_hash(z.data(), z.size()), hz);
+}
+
+// ZapBatch (pager/zap.h): the ranges added, scattered and adjacent, read
+// back as zeros after a flush, every page between them keeps its bytes,
+// more ranges than one call takes are flushed as they come, and the
+// fallback (one madvise() per range, for kernels without the batched
+// call) does the same.
+void zap_batch_drops_exactly_the_ranges(bool batching) {
+  ZapBatch::set_batching_for_testing(batching);
+  constexpr size_t kPages = 4096;
+  const size_t pg = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* m = mmap(nullptr, kPages * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* mem = static_cast<uint8_t*>(m);
+  for (size_t i = 0; i < kPages; ++i) memset(mem + i * pg, static_cast<int>(i % 251) + 1, pg);
+  std::vector<bool> zapped(kPages, false);
+  std::mt19937 rng(11);
+  ZapBatch z;
+  // ~700 scattered ranges (more than kMaxRanges), some runs of 2-3 pages.
+  for (int k = 0; k < 900; ++k) {
+    size_t p = rng() % (kPages - 3);
+    size_t len = 1 + rng() % 3;
+    bool fresh = true;
+    for (size_t i = 0; i < len; ++i) fresh = fresh && !zapped[p + i];
+    if (!fresh) continue;
+    // Added in ascending order within a run: adjacent ranges merge.
+    for (size_t i = 0; i < len; ++i) {
+      ASSERT_EQ(z.add(mem + (p + i) * pg, pg), 0);
+      zapped[p + i] = true;
+    }
+  }
+  ASSERT_EQ(z.flush(), 0);
+  EXPECT_EQ(z.pending(), 0u);
+  EXPECT_EQ(z.flush(), 0);  // nothing left: a no-op
+  for (size_t i = 0; i < kPages; ++i) {
+    const uint8_t want = zapped[i] ? 0 : static_cast<uint8_t>(i % 251 + 1);
+    ASSERT_EQ(mem[i * pg], want) << "page " << i;
+    ASSERT_EQ(mem[i * pg + pg - 1], want) << "page " << i;
+  }
+  if (batching && ZapBatch::batching_available()) {
+    EXPECT_GT(z.batched_calls(), 1u);  // more ranges than one call takes
+    EXPECT_LE(z.batched_calls(), 3u);
+  } else {
+    EXPECT_EQ(z.batched_calls(), 0u);
+    EXPECT_GT(z.single_calls(), 1u);
+  }
+  munmap(m, kPages * pg);
+  ZapBatch::set_batching_for_testing(true);
+}
+
+TEST(ZapBatchTest, DropsExactlyTheRangesAdded) {
+  zap_batch_drops_exactly_the_ranges(true);
+}
+TEST(ZapBatchTest, FallbackDropsExactlyTheRangesAdded) {
+  zap_batch_drops_exactly_the_ranges(false);
 }
 
 TEST(PageTableDeathTest, IllegalTransitionIsABug) {

@@ -1,0 +1,48 @@
+// Parked fault handlers: where the program's faulting thread runs, and a
+// wait for the handlers not needed there. Used by Pager<B>::handler_main()
+// (pager/fault_path.h "Parked handlers").
+//
+//   const volatile uint32_t* cpu = main_thread_cpu();   // null: unknown
+//   int c = read_cpu(cpu);                              // -1: unknown
+//   ParkWord w;  w.wait(w.load(), 50'000'000);  w.bump();
+//
+// main_thread_cpu() is the main thread's rseq area's cpu_id (glibc
+// registers an rseq area for every thread since 2.35; the kernel rewrites
+// its cpu_id whenever the thread returns to user space on another CPU), so
+// any thread can tell where the main thread runs with one load. It is only
+// returned on the main thread itself, whose thread control block lives as
+// long as the process: a thread's rseq area is freed with its stack.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace farmem {
+
+// The address of the calling thread's rseq cpu_id when the calling thread
+// is the process's main thread and glibc registered rseq for it; null
+// otherwise (another thread, rseq off with glibc.pthread.rseq=0, an older
+// glibc).
+const volatile uint32_t* main_thread_cpu();
+
+// The CPU `*cpu` names, or -1 (null, or rseq's "not registered" values).
+inline int read_cpu(const volatile uint32_t* cpu) {
+  if (cpu == nullptr) return -1;
+  const int32_t c = static_cast<int32_t>(*cpu);
+  return c < 0 ? -1 : c;
+}
+
+// A generation counter threads can sleep on (a futex): wait(g, ns) returns
+// at once unless the word still holds g, and after ns nanoseconds at most;
+// every change made with bump() wakes every waiter.
+class ParkWord {
+ public:
+  uint32_t load() const { return word_.load(std::memory_order_seq_cst); }
+  void wait(uint32_t seen, long ns);
+  void bump();
+
+ private:
+  std::atomic<uint32_t> word_{0};
+};
+
+}  // namespace farmem
