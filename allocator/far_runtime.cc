@@ -480,6 +480,11 @@ void FarRuntime::fill_stats(StatsSnapshot& s) {
   s.counter("prefetch_issued", p.prefetch_issued, "pages prefetched");
   s.counter("prefetch_used", p.prefetch_used, "prefetched pages used before eviction");
   s.counter("prefetch_unused", p.prefetch_unused, "prefetched pages dropped unused");
+  s.counter("hot_marked", p.hot_marked,
+            "pages seen in use by a victim-cache hit (kept mapped FARMEM_HOT_LAPS more laps)");
+  s.counter("refaults_hot", p.refaults_hot,
+            "pages fetched back less than a budget's worth of evictions after they left");
+  s.counter("hot_passes", p.hot_passes, "passes of the resident list's tail without a demotion");
   s.counter("bytes_read", p.bytes_read, "bytes read from donors");
   s.counter("bytes_written", p.bytes_written, "bytes written to donors");
   s.gauge("resident_bytes", p.resident_bytes, "far memory resident in this process now");

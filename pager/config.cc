@@ -102,6 +102,10 @@ Status PagerConfig::validate() const {
     return make_error(Errc::kInvalidArgument, "victim fraction %.3f: must be in [0, 0.75]",
                       victim_fraction);
   }
+  if (hot_laps > 3) {
+    return make_error(Errc::kInvalidArgument, "hot laps %u: at most 3 (0 turns tracking off)",
+                      hot_laps);
+  }
   if (handler_threads > 64) {
     return make_error(Errc::kInvalidArgument, "handler threads %u: at most 64", handler_threads);
   }
@@ -192,6 +196,16 @@ Result<PagerConfig> PagerConfig::from_env(PagerConfig c) {
     auto r = parse_uint(v, "FARMEM_WRITTEN_WRITABLE", 0, 1);
     if (!r.ok()) return r.status();
     c.written_writable = *r == 1;
+  }
+  if (const char* v = getenv("FARMEM_HOT_LAPS")) {
+    auto r = parse_uint(v, "FARMEM_HOT_LAPS", 0, 3);
+    if (!r.ok()) return r.status();
+    c.hot_laps = static_cast<uint32_t>(*r);
+  }
+  if (const char* v = getenv("FARMEM_REFAULT_HOT")) {
+    auto r = parse_uint(v, "FARMEM_REFAULT_HOT", 0, 1);
+    if (!r.ok()) return r.status();
+    c.refault_hot = *r == 1;
   }
   if (const char* v = getenv("FARMEM_ZERO_PAGE")) {
     auto r = parse_uint(v, "FARMEM_ZERO_PAGE", 0, 1);

@@ -21,6 +21,8 @@
 //   FARMEM_PIN_HANDLERS    0 / 1: one fault handler per allowed CPU, each pinned to its CPU
 //   FARMEM_WRITTEN_WRITABLE  0 / 1: a block seen written in its last stay comes back writable
 //   FARMEM_ZERO_PAGE       0 / 1: a read of never-written memory maps the shared zero page
+//   FARMEM_HOT_LAPS        0..3: laps of the active list a block seen in use stays mapped unsampled
+//   FARMEM_REFAULT_HOT     0 / 1: a block fetched back soon after it left counts as seen in use
 #pragma once
 
 #include <cstdint>
@@ -68,6 +70,13 @@ struct PagerConfig {
   // (pager/zero_fill.h "Reads of never-written memory"). Ignored with
   // WP_ASYNC (a write there would not fault).
   bool zero_page = true;
+  // Access tracking (pager/evictor.h "Access tracking"): a block seen in
+  // use (a victim-cache hit; a remote fault soon after it left, with
+  // refault_hot) passes the active list's tail up to hot_laps times more
+  // without being demoted, i.e. without the victim fault that would tell
+  // again. 0: every block is demoted at every pass (FIFO + victim cache).
+  uint32_t hot_laps = 2;
+  bool refault_hot = true;
   // An idle handler waits in a blocking read() of the uffd (one syscall per
   // fault) when the kernel lets the busy ones read without blocking (fault_path.h
   // "Idle handlers block in read()"); false keeps ppoll() + read() (tests).

@@ -153,7 +153,7 @@ bool Pager<B>::reserve() {
       int64_t pk = peak_.load(std::memory_order_relaxed);
       while (cur + 1 > pk && !peak_.compare_exchange_weak(pk, cur + 1)) {
       }
-      if (cur + 1 > high_blocks_) kick_evictor();
+      note_resident(cur + 1);
       return true;
     }
   }
@@ -495,7 +495,7 @@ void Pager<B>::run_deferred(Handler& h) {
 
 template <TransportBackend B>
 void Pager<B>::install_mapped(uint32_t b, const void* src, bool write, uint32_t flags_keep,
-                              uint32_t n, bool ahead) {
+                              uint32_t n, bool ahead, uint32_t laps) {
   int err = 0;
   Errc e = uffd_.copy(block_addr(b), src, uint64_t{n} * block_, /*write_protect=*/!write, &err);
   if (e != Errc::kOk) {
@@ -505,6 +505,8 @@ void Pager<B>::install_mapped(uint32_t b, const void* src, bool write, uint32_t 
         n, static_cast<void*>(block_addr(b)), b, strerror(err),
         page_state_name(PageTable::state_of(pt_.load(b))));
   }
+  // Set while the block is owned, before the evictor can see it Present.
+  for (uint32_t i = 0; i < n; ++i) pt_.set_hot_laps(b + i, laps);
   {
     std::lock_guard<std::mutex> lk(list_mu_);
     for (uint32_t i = 0; i < n; ++i) active_.push_front(b + i);
@@ -665,6 +667,11 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
         const bool was_prefetched = (w & PageTable::kPrefetched) != 0;
         counters_.bump(counters_.faults_victim);  // before the wake, as above
         if (was_prefetched) counters_.bump(counters_.prefetch_used);
+        // Seen in use (evictor.h "Access tracking"): a demoted block
+        // touched again; read-ahead that is only now reached is not.
+        const uint32_t laps = was_prefetched ? 0 : cfg_.hot_laps;
+        if (laps > 0) counters_.bump(counters_.hot_marked);
+        pt_.set_hot_laps(b, laps);  // before a move makes it Present
         bool moved = use_move_ && promote_by_move(b, slot, write, w);
         // A dirty block comes back writable even for a read fault: it is
         // written back when it leaves whatever happens, so write protection
@@ -674,7 +681,7 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
         // A write seen now ends a guess (kGuessed): the block was written.
         if (!moved) {
           install_mapped(b, slot_addr(slot), write || (w & PageTable::kDirty) != 0,
-                         write ? w & ~PageTable::kGuessed : w);
+                         write ? w & ~PageTable::kGuessed : w, 1, false, laps);
         }
         free_slot(slot, moved);
         if (cfg_.prefetch) prefetch_after(h, b, was_prefetched, write);
@@ -704,7 +711,8 @@ void Pager<B>::complete(Handler& h, const IoCompletion& c) {
     h.ctr.bump(h.ctr.bytes_read, block_);
     const char* data = h.staging.ptr + uint64_t{f.buf} * block_;
     if (f.guessed) pt_.fetched_hash(f.block) = block_hash(data, block_);
-    install_mapped(f.block, data, f.write, f.guessed ? PageTable::kGuessed : 0);
+    install_mapped(f.block, data, f.write, f.guessed ? PageTable::kGuessed : 0, 1, false,
+                   refault_laps(f.block));
     h.free_staging.push_back(f.buf);
     h.ctr.record_latency_ns(pager_detail::now_ns() - f.t0);
     return;
@@ -743,6 +751,17 @@ void Pager<B>::complete(Handler& h, const IoCompletion& c) {
     victim_.push_front(f.block);
   }
   pt_.finish(f.block, PageTable::make(PageState::kVictim, PageTable::kPrefetched, f.buf));
+}
+
+template <TransportBackend B>
+uint32_t Pager<B>::refault_laps(uint32_t b) {
+  if (cfg_.hot_laps == 0 || !cfg_.refault_hot) return 0;
+  const uint32_t at = pt_.left_at(b);
+  if (at == 0) return 0;
+  const uint32_t dist = (leave_clock_.load(std::memory_order_relaxed) - at) & PageTable::kLeaveMask;
+  if (dist > refault_reach_) return 0;
+  counters_.bump(counters_.refaults_hot);
+  return 1;
 }
 
 template <TransportBackend B>

@@ -69,7 +69,7 @@ Status PageTable::init(uint64_t n_blocks) {
                       "block size or a smaller region",
                       static_cast<unsigned long long>(n_blocks));
   }
-  bytes_ = n_blocks * (sizeof(BlockMeta) + sizeof(uint32_t));
+  bytes_ = n_blocks * (sizeof(BlockMeta) + 2 * sizeof(uint32_t));
   // Anonymous zero pages are a valid all-Empty table: word 0 = kEmpty. The
   // remote/prev/next fields are only read in states that set them.
   void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
@@ -80,6 +80,7 @@ Status PageTable::init(uint64_t n_blocks) {
   }
   blocks_ = static_cast<BlockMeta*>(p);
   hashes_ = reinterpret_cast<uint32_t*>(blocks_ + n_blocks);
+  access_ = hashes_ + n_blocks;
   n_ = n_blocks;
   return ok_status();
 }

@@ -7,9 +7,11 @@
 //   if (PageTable::state_of(w) == PageState::kRemote &&
 //       pt.try_transition(b, w, PageTable::with_state(w, PageState::kFetching))) { ... }
 //
-// A block is the fetch unit (4 KiB .. 2 MiB). Metadata is 20 bytes per block,
-// i.e. 20 bytes per 4 KiB page at the default block size and less for bigger
-// blocks: 16 here and a 4-byte hash in a second array (fetched_hash()):
+// A block is the fetch unit (4 KiB .. 2 MiB). Metadata is 24 bytes per block,
+// i.e. 24 bytes per 4 KiB page at the default block size and less for bigger
+// blocks: 16 here, a 4-byte hash in a second array (fetched_hash()) and a
+// 4-byte access word in a third (hot_laps(), left_at(): pager/evictor.h
+// "Access tracking"):
 //
 //   byte 0        4          8          12         16
 //        +--------+----------+----------+----------+
@@ -158,6 +160,26 @@ class PageTable {
   uint32_t& fetched_hash(uint32_t b) { return hashes_[b]; }
   uint32_t load(uint32_t b) const { return blocks_[b].word.load(std::memory_order_acquire); }
 
+  // The access word of a block (pager/evictor.h "Access tracking"), a
+  // hint read and written relaxed by whichever thread handles the block:
+  //   bits 0-1  hot laps: passes of the active list's tail the block may
+  //             still make without being sampled (demoted) again
+  //   bits 2-31 when it last left local memory, on the pager's leave clock
+  //             (mod 2^30; 0: never)
+  static constexpr uint32_t kMaxHotLaps = 3;
+  static constexpr uint32_t kLeaveMask = (1u << 30) - 1;
+  uint32_t hot_laps(uint32_t b) const { return access_word(b).load(std::memory_order_relaxed) & 3; }
+  void set_hot_laps(uint32_t b, uint32_t laps) {
+    auto a = access_word(b);
+    a.store((a.load(std::memory_order_relaxed) & ~3u) | (laps > kMaxHotLaps ? kMaxHotLaps : laps),
+            std::memory_order_relaxed);
+  }
+  uint32_t left_at(uint32_t b) const { return access_word(b).load(std::memory_order_relaxed) >> 2; }
+  // Stamps the block as leaving at `clock` (mod 2^30) and clears its hot laps.
+  void set_left_at(uint32_t b, uint32_t clock) {
+    access_word(b).store((clock & kLeaveMask) << 2, std::memory_order_relaxed);
+  }
+
   static PageState state_of(uint32_t w) { return static_cast<PageState>(w & kStateMask); }
   static uint32_t slot_of(uint32_t w) { return w >> kSlotShift; }
   static uint32_t with_state(uint32_t w, PageState s) {
@@ -192,6 +214,10 @@ class PageTable {
  private:
   BlockMeta* blocks_ = nullptr;
   uint32_t* hashes_ = nullptr;  // n_ of them, after the blocks, in the same mapping
+  uint32_t* access_ = nullptr;  // n_ of them, after the hashes
+  std::atomic_ref<uint32_t> access_word(uint32_t b) const {
+    return std::atomic_ref<uint32_t>(access_[b]);
+  }
   uint64_t n_ = 0;
   size_t bytes_ = 0;
 };

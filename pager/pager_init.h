@@ -59,9 +59,14 @@ Status Pager<B>::init() {
   FARMEM_RETURN_IF_ERROR(uffd_.register_range(region_.ptr, cfg_.region_size));
 
   budget_blocks_ = static_cast<int64_t>(cfg_.local_budget / block_);
+  // A refault within reach (evictor.h "Access tracking"): the block left
+  // less than a budget's worth of departures ago.
+  refault_reach_ =
+      static_cast<uint32_t>(std::min<int64_t>(PageTable::kLeaveMask / 2, budget_blocks_));
   high_blocks_ = static_cast<int64_t>(cfg_.high_watermark * static_cast<double>(budget_blocks_));
   low_blocks_ = static_cast<int64_t>(cfg_.low_watermark * static_cast<double>(budget_blocks_));
   if (high_blocks_ >= budget_blocks_) high_blocks_ = budget_blocks_ - 1;
+  evict_trigger_.store(high_blocks_, std::memory_order_relaxed);
   if (low_blocks_ >= high_blocks_) low_blocks_ = high_blocks_ - 1;
   // Prefetch may fill the budget but for a small reserve that demand
   // faults keep (so that none waits for the evictor because of a

@@ -69,6 +69,13 @@ struct PagerStats {
   uint64_t prefetch_used = 0;    // a prefetched block faulted on before eviction
   uint64_t prefetch_mapped = 0;  // prefetched on a confirmed stream and mapped at once
   uint64_t prefetch_unused = 0;  // a prefetched block dropped unused
+  // Access tracking (pager/evictor.h): blocks seen in use by a victim hit
+  // (given config.hot_laps), demand fetches that were refaults within
+  // reach (given one lap), and passes of the active list's tail made by a
+  // block without a demotion (one hot lap spent).
+  uint64_t hot_marked = 0;
+  uint64_t refaults_hot = 0;
+  uint64_t hot_passes = 0;
   // Memory.
   uint64_t resident_bytes = 0;  // mapped blocks + occupied victim slots (+ fetches in flight)
   uint64_t resident_peak_bytes = 0;
@@ -91,6 +98,7 @@ struct alignas(64) PagerCounters {
   std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0};
   std::atomic<uint64_t> prefetch_issued{0}, prefetch_used{0}, prefetch_unused{0},
       prefetch_mapped{0};
+  std::atomic<uint64_t> hot_marked{0}, refaults_hot{0}, hot_passes{0};
 
   static void bump(std::atomic<uint64_t>& c, uint64_t n = 1) {
     c.fetch_add(n, std::memory_order_relaxed);

@@ -356,6 +356,13 @@ void print_stats() {
              (unsigned long long)rt->heap().stats().populated_blocks,
              format_size(g_opts->populate_max).c_str());
     write_stderr(msg);
+    const farmem::PagerStats ps = rt->backing().stats();
+    snprintf(msg, sizeof msg,
+             "farmem: stats: access tracking: %llu victim hits kept mapped, %llu refaults, "
+             "%llu tail passes without a demotion (FARMEM_HOT_LAPS)\n",
+             (unsigned long long)ps.hot_marked, (unsigned long long)ps.refaults_hot,
+             (unsigned long long)ps.hot_passes);
+    write_stderr(msg);
   }
   mm_print_stats(msg, sizeof msg);
   write_stderr(msg);

@@ -1,0 +1,203 @@
+// Access tracking (pager/evictor.h "Access tracking"): a block seen in use
+// (a victim-cache hit, or a refault soon after it left) passes the active
+// list's tail config.hot_laps more times without being demoted; one not
+// touched again is demoted and leaves; data stays byte-exact throughout.
+//
+//   ctest -R PagerAccess
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "tests/pager/pager_harness.h"
+
+namespace farmem::testing {
+namespace {
+
+constexpr size_t kBudget = 128;
+
+PagerConfig access_config(uint32_t hot_laps) {
+  PagerConfig c = small_config(kBudget, 8192);
+  c.prefetch = false;       // every fetch is a demand fault
+  c.zero_fault_around = 0;  // one first-touch write, one block
+  c.zero_chunk = 0;
+  c.victim_fraction = 0.5;  // room for the sampled block to wait in
+  c.hot_laps = hot_laps;
+  return c;
+}
+
+// Writes fill_page(pg, 0) into never-written pages from *next on, n of
+// them: each one more block through the budget (a stream of cold blocks).
+void stream(uint8_t* mem, size_t* next, size_t n) {
+  for (size_t i = 0; i < n; ++i, ++*next) fill_page(mem + *next * kPage, *next, 0);
+}
+
+// Streams cold blocks, one at a time, until page b is in state s, at most
+// `limit` of them; returns whether it got there.
+bool stream_until(P& p, uint8_t* mem, size_t* next, size_t b, PageState s, size_t limit) {
+  for (size_t k = 0; k < limit; ++k) {
+    if (p.state_of(mem + b * kPage) == s) return true;
+    stream(mem, next, 1);
+  }
+  return p.state_of(mem + b * kPage) == s;
+}
+
+// One block A, sampled (demoted into the victim cache by the stream's
+// pressure) and touched there, is kept: a cold block B written after A's
+// promotion leaves local memory while A stays mapped (without tracking,
+// FIFO demotes A first). Left alone, A is then sampled again and, still
+// untouched, leaves; its first fetch after that is a refault within
+// reach and gives it one lap. Byte-exact at every step. hot_laps 0 is the
+// control: there B cannot leave before A.
+void sampled_touched_kept_then_evicted(uint32_t hot_laps) {
+  LoopbackRig rig;
+  P& p = rig.start(access_config(hot_laps));
+  auto* mem = static_cast<uint8_t*>(p.base());
+  // A is written after half a budget of other blocks: when the budget
+  // first fills, the oldest victims are dropped at once, and A must not
+  // be one of them.
+  const size_t a = 0;
+  size_t next = 1;
+  stream(mem, &next, kBudget / 2);
+  fill_page(mem + a * kPage, a, 7);
+  // 1. Sampled: the stream pushes A to the tail, and into the victim cache.
+  ASSERT_TRUE(stream_until(p, mem, &next, a, PageState::kVictim, 8 * kBudget))
+      << p.stats().to_string();
+  EXPECT_EQ(p.hot_laps_of(mem + a * kPage), 0u);
+  // 2. Touched there: a victim hit, mapped back with hot_laps laps.
+  const PagerStats s0 = p.stats();
+  ASSERT_EQ(first_bad_page(mem, 1, 7), 1u);  // reads A: byte-exact
+  EXPECT_EQ(p.stats().faults_victim - s0.faults_victim, 1u) << p.stats().to_string();
+  // The handler leaves Promoting just after the copy that woke this thread.
+  ASSERT_TRUE(wait_until([&] { return p.state_of(mem + a * kPage) == PageState::kPresent; }));
+  EXPECT_EQ(p.hot_laps_of(mem + a * kPage), hot_laps);
+  // 3. B, written just after, is older than nothing A is: it leaves first
+  //    only if A passes the tail without a demotion.
+  const size_t b = next;
+  stream(mem, &next, 1);
+  ASSERT_TRUE(stream_until(p, mem, &next, b, PageState::kRemote, 8 * kBudget))
+      << p.stats().to_string();
+  const PageState a_when_b_left = p.state_of(mem + a * kPage);
+  if (hot_laps == 0) {
+    EXPECT_NE(a_when_b_left, PageState::kPresent) << "FIFO: A was demoted before B";
+    EXPECT_EQ(p.stats().hot_passes, 0u);
+  } else {
+    EXPECT_EQ(a_when_b_left, PageState::kPresent) << "a block seen in use is kept";
+    EXPECT_GE(p.stats().hot_passes, 1u) << p.stats().to_string();
+  }
+  // 4. Untouched since: sampled again, it leaves within its laps and a
+  //    few more.
+  ASSERT_TRUE(stream_until(p, mem, &next, a, PageState::kRemote, (hot_laps + 4) * 2 * kBudget))
+      << p.stats().to_string();
+  // 5. Fetched back soon after: byte-exact, and a refault within reach.
+  const PagerStats s1 = p.stats();
+  ASSERT_EQ(first_bad_page(mem, 1, 7), 1u);
+  const PagerStats s2 = p.stats();
+  EXPECT_EQ(s2.faults_remote - s1.faults_remote, 1u) << s2.to_string();
+  ASSERT_TRUE(wait_until([&] { return p.state_of(mem + a * kPage) == PageState::kPresent; }));
+  if (hot_laps > 0) {
+    EXPECT_EQ(s2.refaults_hot - s1.refaults_hot, 1u) << s2.to_string();
+    EXPECT_EQ(p.hot_laps_of(mem + a * kPage), 1u);
+  } else {
+    EXPECT_EQ(s2.refaults_hot, 0u);
+  }
+  // Every streamed page reads back byte-exact.
+  ASSERT_EQ(first_bad_page(mem, next, 0, 1), next);
+}
+
+TEST(PagerAccess, SampledTouchedBlockIsKeptUntouchedLeaves) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  sampled_touched_kept_then_evicted(2);
+}
+
+TEST(PagerAccess, WithoutTrackingTheSampledBlockLeavesInFifoOrder) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  sampled_touched_kept_then_evicted(0);
+}
+
+// A hot set a quarter of the budget, touched round after round between
+// bursts of cold blocks: with tracking its blocks are sampled once every
+// hot_laps + 1 passes, so it takes far fewer victim faults than with every
+// block demoted at every pass, and no more remote faults.
+PagerStats hot_set_rounds(uint32_t hot_laps) {
+  LoopbackRig rig;
+  P& p = rig.start(access_config(hot_laps));
+  auto* mem = static_cast<uint8_t*>(p.base());
+  constexpr size_t kHot = kBudget / 4, kRounds = 60;
+  for (size_t h = 0; h < kHot; ++h) fill_page(mem + h * kPage, h, 1);
+  size_t next = kHot;
+  const PagerStats s0 = p.stats();
+  for (size_t r = 0; r < kRounds; ++r) {
+    EXPECT_EQ(first_bad_page(mem, kHot, 1), kHot) << "round " << r;
+    stream(mem, &next, kBudget / 4);
+    (void)wait_until([&] { return p.resident_bytes() < kBudget * kPage; }, 200);
+  }
+  PagerStats s = p.stats();
+  s.faults_victim -= s0.faults_victim;
+  s.faults_remote -= s0.faults_remote;
+  EXPECT_EQ(first_bad_page(mem, next, 0, kHot), next);  // the cold pages too
+  return s;
+}
+
+TEST(PagerAccess, HotSetThatFitsTakesFewFaults) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  const PagerStats off = hot_set_rounds(0);
+  const PagerStats on = hot_set_rounds(3);
+  // The stream's first reads are no faults (never read back); a hot block
+  // faults only when sampled (victim) or, missed, fetched (remote).
+  const uint64_t f_off = off.faults_victim + off.faults_remote;
+  const uint64_t f_on = on.faults_victim + on.faults_remote;
+  EXPECT_GT(f_off, 100u) << off.to_string();
+  EXPECT_LT(2 * f_on, f_off) << "tracking on:\n" << on.to_string() << "\noff:\n" << off.to_string();
+  EXPECT_GT(on.hot_passes, 0u);
+}
+
+// Byte-exact under concurrency: two threads read-modify-write a hot set
+// (each its own half, checking every value they read) while two stream
+// versions of cold pages through the budget and read them back, with
+// tracking on: blocks are passed over, demoted, hit, refaulted and
+// written back concurrently.
+TEST(PagerAccess, ConcurrentHotAndColdStayByteExact) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  LoopbackRig rig;
+  PagerConfig c = access_config(3);
+  c.handler_threads = 3;
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  constexpr size_t kHot = 48, kCold = 1024, kRounds = 6;
+  std::atomic<uint64_t> bad{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 2; ++t) {
+    ts.emplace_back([&, t] {
+      std::vector<uint64_t> mine(kHot / 2, 0);
+      for (size_t it = 0; it < 4000; ++it) {
+        const size_t k = (it * 7 + static_cast<size_t>(t)) % mine.size();
+        uint8_t* page = mem + (2 * k + static_cast<size_t>(t)) * kPage;
+        // Word 0 counts this thread's writes; the others are never written.
+        const size_t at = 1 + it % 511;
+        if (reinterpret_cast<volatile uint64_t*>(page)[at] != 0) bad.fetch_add(1);
+        auto* cnt = reinterpret_cast<volatile uint64_t*>(page);
+        if (*cnt != mine[k]) bad.fetch_add(1);
+        *cnt = ++mine[k];
+      }
+    });
+  }
+  for (int t = 0; t < 2; ++t) {
+    ts.emplace_back([&, t] {
+      const size_t first = kHot + static_cast<size_t>(t) * kCold;
+      for (uint64_t v = 0; v < kRounds; ++v) {
+        for (size_t pg = first; pg < first + kCold; ++pg) fill_page(mem + pg * kPage, pg, v);
+        if (first_bad_page(mem, first + kCold, v, first) != first + kCold) bad.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(bad.load(), 0u) << p.stats().to_string();
+  const PagerStats s = p.stats();
+  EXPECT_GT(s.faults_remote, 0u) << s.to_string();
+  EXPECT_LE(s.resident_peak_bytes, kBudget * kPage);
+}
+
+}  // namespace
+}  // namespace farmem::testing
