@@ -738,11 +738,13 @@ void Pager<B>::complete(Handler& h, const IoCompletion& c) {
     // Whether it is then used cannot be observed. Adjacent blocks that
     // land together are mapped by one copy (flush_run()).
     counters_.bump(counters_.prefetch_mapped);
+    if (f.guessed) pt_.fetched_hash(f.block) = block_hash(slot_addr(f.buf), block_);
     if (h.run_buf.ptr != nullptr) {
-      add_to_run(h, f.block, f.buf, f.write);
+      add_to_run(h, f.block, f.buf, f.write, f.guessed);
       return;
     }
-    install_mapped(f.block, slot_addr(f.buf), f.write, 0, 1, /*ahead=*/true);
+    install_mapped(f.block, slot_addr(f.buf), f.write, f.guessed ? PageTable::kGuessed : 0, 1,
+                   /*ahead=*/true);
     free_slot(f.buf);
     return;
   }

@@ -320,6 +320,7 @@ class Pager {
     // all write-protected (run_write). run_buf: the copy's contiguous source.
     uint32_t run_first = 0, run_n = 0;
     bool run_write = false;
+    bool run_guessed = false;  // writable on kWritten (a guess), not for a written stream
     uint32_t run_slot[kRunMax] = {};
     pager_detail::Mapping run_buf;
     // This thread's demand READ counters (no locked instruction, no line
@@ -385,7 +386,7 @@ class Pager {
   // maps what was gathered first when b does not extend the run; flush_run()
   // maps the run with one UFFDIO_COPY. The handler loop flushes after each
   // batch of completions, so a block waits at most that long.
-  void add_to_run(Handler& h, uint32_t b, uint32_t slot, bool write);
+  void add_to_run(Handler& h, uint32_t b, uint32_t slot, bool write, bool guessed);
   void flush_run(Handler& h);
   void add_pending(Handler& h, const PendingPrefetch& e);
   void retry_prefetches(Handler& h);
