@@ -506,7 +506,7 @@ void Pager<B>::install_mapped(uint32_t b, const void* src, bool write, uint32_t 
         page_state_name(PageTable::state_of(pt_.load(b))));
   }
   // Set while the block is owned, before the evictor can see it Present.
-  for (uint32_t i = 0; i < n; ++i) pt_.set_hot_laps(b + i, laps);
+  for (uint32_t i = 0; i < n; ++i) set_laps(b + i, laps);
   {
     std::lock_guard<std::mutex> lk(list_mu_);
     for (uint32_t i = 0; i < n; ++i) active_.push_front(b + i);
@@ -671,7 +671,7 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
         // touched again; read-ahead that is only now reached is not.
         const uint32_t laps = was_prefetched ? 0 : cfg_.hot_laps;
         if (laps > 0) counters_.bump(counters_.hot_marked);
-        pt_.set_hot_laps(b, laps);  // before a move makes it Present
+        set_laps(b, laps);  // before a move makes it Present
         bool moved = use_move_ && promote_by_move(b, slot, write, w);
         // A dirty block comes back writable even for a read fault: it is
         // written back when it leaves whatever happens, so write protection
@@ -739,12 +739,13 @@ void Pager<B>::complete(Handler& h, const IoCompletion& c) {
     // land together are mapped by one copy (flush_run()).
     counters_.bump(counters_.prefetch_mapped);
     if (f.guessed) pt_.fetched_hash(f.block) = block_hash(slot_addr(f.buf), block_);
+    const uint32_t laps = refault_laps(f.block);  // a looping stream refaults too
     if (h.run_buf.ptr != nullptr) {
-      add_to_run(h, f.block, f.buf, f.write, f.guessed);
+      add_to_run(h, f.block, f.buf, f.write, f.guessed, laps);
       return;
     }
     install_mapped(f.block, slot_addr(f.buf), f.write, f.guessed ? PageTable::kGuessed : 0, 1,
-                   /*ahead=*/true);
+                   /*ahead=*/true, laps);
     free_slot(f.buf);
     return;
   }
@@ -762,6 +763,7 @@ uint32_t Pager<B>::refault_laps(uint32_t b) {
   if (at == 0) return 0;
   const uint32_t dist = (leave_clock_.load(std::memory_order_relaxed) - at) & PageTable::kLeaveMask;
   if (dist > refault_reach_) return 0;
+  if (hot_blocks_.load(std::memory_order_relaxed) >= hot_cap_) return 0;
   counters_.bump(counters_.refaults_hot);
   return 1;
 }

@@ -164,8 +164,9 @@ class PageTable {
   // hint read and written relaxed by whichever thread handles the block:
   //   bits 0-1  hot laps: passes of the active list's tail the block may
   //             still make without being sampled (demoted) again
-  //   bits 2-31 when it last left local memory, on the pager's leave clock
-  //             (mod 2^30; 0: never)
+  //   bits 2-31 remote: when it last left local memory, on the pager's
+  //             leave clock (mod 2^30; 0: never); resident with laps: when
+  //             they were given (set_hot_laps_at())
   static constexpr uint32_t kMaxHotLaps = 3;
   static constexpr uint32_t kLeaveMask = (1u << 30) - 1;
   uint32_t hot_laps(uint32_t b) const { return access_word(b).load(std::memory_order_relaxed) & 3; }
@@ -175,6 +176,11 @@ class PageTable {
             std::memory_order_relaxed);
   }
   uint32_t left_at(uint32_t b) const { return access_word(b).load(std::memory_order_relaxed) >> 2; }
+  // Gives b `laps` laps at `clock` (the leave clock, mod 2^30).
+  void set_hot_laps_at(uint32_t b, uint32_t laps, uint32_t clock) {
+    access_word(b).store(((clock & kLeaveMask) << 2) | (laps > kMaxHotLaps ? kMaxHotLaps : laps),
+                         std::memory_order_relaxed);
+  }
   // Stamps the block as leaving at `clock` (mod 2^30) and clears its hot laps.
   void set_left_at(uint32_t b, uint32_t clock) {
     access_word(b).store((clock & kLeaveMask) << 2, std::memory_order_relaxed);

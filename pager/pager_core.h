@@ -320,6 +320,7 @@ class Pager {
     // all write-protected (run_write). run_buf: the copy's contiguous source.
     uint32_t run_first = 0, run_n = 0;
     bool run_write = false;
+    uint32_t run_laps = 0;     // their hot laps (refaults of a looping stream)
     bool run_guessed = false;  // writable on kWritten (a guess), not for a written stream
     uint32_t run_slot[kRunMax] = {};
     pager_detail::Mapping run_buf;
@@ -386,7 +387,7 @@ class Pager {
   // maps what was gathered first when b does not extend the run; flush_run()
   // maps the run with one UFFDIO_COPY. The handler loop flushes after each
   // batch of completions, so a block waits at most that long.
-  void add_to_run(Handler& h, uint32_t b, uint32_t slot, bool write, bool guessed);
+  void add_to_run(Handler& h, uint32_t b, uint32_t slot, bool write, bool guessed, uint32_t laps);
   void flush_run(Handler& h);
   void add_pending(Handler& h, const PendingPrefetch& e);
   void retry_prefetches(Handler& h);
@@ -400,7 +401,22 @@ class Pager {
   // Access tracking (evictor.h): stamps b as leaving local memory now;
   // the hot laps a demand fetch of b gives it (a refault within reach: 1).
   void note_left(uint32_t b) {
+    if (pt_.hot_laps(b) > 0) hot_blocks_.fetch_sub(1, std::memory_order_relaxed);
     pt_.set_left_at(b, leave_clock_.fetch_add(1, std::memory_order_relaxed));
+  }
+  // Sets b's hot laps, keeping hot_blocks_ (blocks holding laps) in step;
+  // laps given (from none) are stamped with the leave clock (their grace
+  // period, evictor.h "Access tracking"). The caller owns b, or holds
+  // list_mu_ with b Present (nobody else changes it then).
+  void set_laps(uint32_t b, uint32_t laps) {
+    const uint32_t old = pt_.hot_laps(b);
+    if (laps > 0 && old == 0) {
+      pt_.set_hot_laps_at(b, laps, leave_clock_.load(std::memory_order_relaxed));
+    } else {
+      pt_.set_hot_laps(b, laps);
+    }
+    if ((old > 0) != (laps > 0))
+      hot_blocks_.fetch_add(laps > 0 ? 1 : -1, std::memory_order_relaxed);
   }
   uint32_t refault_laps(uint32_t b);
   // Zero-fill fault-around (see "Zero-fill fault-around" in zero_fill.h).
@@ -497,6 +513,11 @@ class Pager {
   // must have left for its demand fetch to count as a refault.
   std::atomic<uint32_t> leave_clock_{1};
   uint32_t refault_reach_ = 0;
+  // Blocks holding hot laps now, and the most a refault may bring that to
+  // (refault_laps(): a loop a little larger than the budget refaults on
+  // every block; laps for all would be FIFO again).
+  std::atomic<int64_t> hot_blocks_{0};
+  int64_t hot_cap_ = 0;
   uint64_t victim_target_ = 0;  // the largest victim cache (config.victim_fraction)
   // Adaptive victim cache: the smallest target, the current one (written by
   // the evictor only, read by tests), and the evictor's counter snapshots at

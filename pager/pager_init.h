@@ -63,6 +63,7 @@ Status Pager<B>::init() {
   // less than a budget's worth of departures ago.
   refault_reach_ =
       static_cast<uint32_t>(std::min<int64_t>(PageTable::kLeaveMask / 2, budget_blocks_));
+  hot_cap_ = budget_blocks_ * 3 / 4;
   high_blocks_ = static_cast<int64_t>(cfg_.high_watermark * static_cast<double>(budget_blocks_));
   low_blocks_ = static_cast<int64_t>(cfg_.low_watermark * static_cast<double>(budget_blocks_));
   if (high_blocks_ >= budget_blocks_) high_blocks_ = budget_blocks_ - 1;

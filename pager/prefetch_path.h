@@ -252,9 +252,11 @@ void Pager<B>::retry_prefetches(Handler& h) {
 }
 
 template <TransportBackend B>
-void Pager<B>::add_to_run(Handler& h, uint32_t b, uint32_t slot, bool write, bool guessed) {
+void Pager<B>::add_to_run(Handler& h, uint32_t b, uint32_t slot, bool write, bool guessed,
+                          uint32_t laps) {
   if (h.run_n > 0) {
-    const bool same = h.run_write == write && h.run_guessed == guessed && h.run_n < kRunMax;
+    const bool same =
+        h.run_write == write && h.run_guessed == guessed && h.run_laps == laps && h.run_n < kRunMax;
     if (same && b == h.run_first + h.run_n) {
       h.run_slot[h.run_n++] = slot;
       return;
@@ -272,6 +274,7 @@ void Pager<B>::add_to_run(Handler& h, uint32_t b, uint32_t slot, bool write, boo
   h.run_n = 1;
   h.run_write = write;
   h.run_guessed = guessed;
+  h.run_laps = laps;
   h.run_slot[0] = slot;
 }
 
@@ -283,7 +286,7 @@ void Pager<B>::flush_run(Handler& h) {
   const uint32_t first = h.run_first;
   if (n == 1) {
     install_mapped(first, slot_addr(h.run_slot[0]), h.run_write,
-                   h.run_guessed ? PageTable::kGuessed : 0, 1, /*ahead=*/true);
+                   h.run_guessed ? PageTable::kGuessed : 0, 1, /*ahead=*/true, h.run_laps);
     free_slot(h.run_slot[0]);
     return;
   }
@@ -294,7 +297,7 @@ void Pager<B>::flush_run(Handler& h) {
     memcpy(h.run_buf.ptr + uint64_t{i} * block_, slot_addr(h.run_slot[i]), block_);
   }
   install_mapped(first, h.run_buf.ptr, h.run_write, h.run_guessed ? PageTable::kGuessed : 0, n,
-                 /*ahead=*/true);
+                 /*ahead=*/true, h.run_laps);
   for (uint32_t i = 0; i < n; ++i) free_slot(h.run_slot[i]);
   prefetch_runs_.fetch_add(1, std::memory_order_relaxed);
 }
