@@ -25,9 +25,14 @@ Systems
 
 Local budget at ratio R (ws = the working set the workload reports, B = its
 non-heap baseline = peak RSS of the all-local run - ws):
-  farmem  FARMEM_LOCAL_MEM = R * ws (the far heap's resident pages; the
-          baseline and farmem's own bookkeeping stay local and uncounted, as
-          they are for any preload user; peak RSS is reported per cell)
+  farmem  FARMEM_LOCAL_MEM = R * ws + B - L: the same peak RSS as swap's
+          limit. L is what the farmem process holds outside the far heap
+          (program text, stacks, farmem's own memory): its peak RSS minus
+          the far heap's resident peak in a calibration run with a budget
+          far above the heap, once per workload and farmem system. Since
+          small allocations are far (FARMEM_MIN_FAR 0) part of B is far
+          heap, so R * ws alone left the data no room at 100%. Without a
+          calibration (it failed) the budget is R * ws, with a note.
   swap    memory.limit_in_bytes = R * ws + B, where B is measured in the
           all-local run, which runs in an unlimited cgroup of its own:
           B = max(peak RSS, memory.max_usage_in_bytes) - ws. Peak RSS counts
@@ -204,6 +209,7 @@ class Harness:
         self.token = os.path.join(self.work, "token")
         self.cells = []
         self.local = {}  # workload -> local cell
+        self.fm_local = {}  # (workload, fm system) -> farmem's own local bytes (calibration)
         self.swap_skip = None  # reason, when the swap systems cannot run
         self.cg_seq = 0
 
@@ -446,6 +452,31 @@ class Harness:
         if "fetch_latency_us" in st["histograms"]:
             cell["fetch_hist_us"] = st["histograms"]["fetch_latency_us"]
 
+    def fm_local_bytes(self, workload, system, ws, base):
+        """farmem's local part for (workload, system): peak RSS minus the far
+        heap's resident peak in a run with a budget far above the heap (once
+        per pair); None when that run failed."""
+        key = (workload, system)
+        if key not in self.fm_local:
+            cal = {"workload": workload, "system": system, "ratio": None, "status": "ok",
+                   "notes": []}
+            env = self.system_env(system, (4 * (ws + base) + 64 * MiB) // MiB * MiB, ws)
+            try:
+                if workload == "memcached":
+                    self.run_memcached(cal, env, None)
+                else:
+                    self.run_program(cal, workload, env, None)
+            except Exception as e:  # a harness problem costs the calibration only
+                cal.update(status="fail", reason=str(e))
+            L = None
+            if cal["status"] == "ok" and cal.get("peak_rss_bytes") and \
+                    cal.get("resident_peak_bytes") is not None:
+                L = max(0, cal["peak_rss_bytes"] - cal["resident_peak_bytes"])
+            log("%s %s: calibration %s, local part %s" % (
+                workload, system, cal["status"], "%.1f MiB" % (L / MiB) if L is not None else "-"))
+            self.fm_local[key] = L
+        return self.fm_local[key]
+
     def run_cell(self, workload, system, ratio):
         cell = {"workload": workload, "system": system, "ratio": ratio, "status": "ok",
                 "notes": []}
@@ -454,7 +485,17 @@ class Harness:
         base = local["baseline_bytes"] if local else 0
         budget = limit = 0
         if system.startswith("fm-"):
-            budget = max(1 * MiB, (ws * ratio // 100) // 4096 * 4096)
+            # The same peak RSS as swap's limit (R x ws + B): what the
+            # process holds outside the far heap (program text, stacks,
+            # farmem's own memory) comes out of it, as measured by a run
+            # without a limit (fm_local_bytes()).
+            L = self.fm_local_bytes(workload, system, ws, base)
+            if L is None:
+                budget = max(1 * MiB, (ws * ratio // 100) // 4096 * 4096)
+                cell["notes"].append("no calibration: budget R x ws")
+            else:
+                budget = max(1 * MiB, (ws * ratio // 100 + base - L) // 4096 * 4096)
+                cell["local_part_bytes"] = L
             cell["budget_bytes"] = budget
         elif system in ("swap", "zswap"):
             limit = (ws * ratio // 100 + base + 4095) // 4096 * 4096
