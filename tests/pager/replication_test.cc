@@ -290,7 +290,10 @@ TEST(ReplicationTest, NewRemoteMapIsNotResident) {
   ASSERT_GE(before, 0);
   auto map = std::make_unique<RemoteMap>(&rig.place, &rig.transport, 4096);
   const long grown = resident_bytes() - before;
-  EXPECT_LT(grown, 256 << 10) << "a new RemoteMap made " << grown << " bytes resident";
+  // 1 MiB: the tables it guards against were 3.3 MiB; the map's own
+  // allocations and, under ASan, its allocator's regions and shadow make up
+  // to 256 KiB (one clean-clone ASan run measured exactly that).
+  EXPECT_LT(grown, 1 << 20) << "a new RemoteMap made " << grown << " bytes resident";
   auto u = map->alloc_unit();
   ASSERT_TRUE(u.ok()) << u.status().to_string();
   RemoteAddr to[RemoteMap::kMaxReplicas];
