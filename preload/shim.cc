@@ -616,8 +616,22 @@ FARMEM_EXPORT int pthread_create(pthread_t* t, const pthread_attr_t* attr, void*
 //   mremap       shrink in place; grow in place when the space after it is
 //                free, else move (MREMAP_MAYMOVE; without it ENOMEM);
 //                MREMAP_FIXED / MREMAP_DONTUNMAP: EINVAL
-//   mprotect     PROT_READ|PROT_WRITE: 0; anything else: EACCES (the pager
-//                reads and fills the region itself: it cannot be protected)
+//   mprotect     any protection the kernel takes, enforced by the kernel (a
+//                write to PROT_READ, any access to PROT_NONE: SIGSEGV at the
+//                address). A protected range is pinned first (fetched and
+//                kept resident: the pager never has to read, move or refill
+//                it, which the protection would forbid) and is remembered
+//                (g_prot); read-write again unpins it. Pins count against the
+//                local budget and are limited (Pager::pin): past the limit
+//                mprotect fails with ENOMEM and changes nothing (a warning
+//                says why, once). munmap, MAP_FIXED over it and mremap's cut
+//                tail make a range read-write first (a recycled range must
+//                be); madvise(DONTNEED) keeps the protection (the range is
+//                briefly writable for the drop, then pinned again); mremap
+//                carries the protection of each page with it, and extends a
+//                mapping with the protection of its last page, as the
+//                kernel does. Needs FARMEM_BLOCK_SIZE=4K (the default), else
+//                EACCES.
 //   mmap FIXED   over a range of ours with the qualifying prot and flags:
 //                its pages are dropped (a fresh zeroed mapping); any other
 //                MAP_FIXED into the far region: EINVAL, MAP_FIXED_NOREPLACE:
@@ -638,6 +652,8 @@ namespace {
 std::atomic<size_t> g_mmap_min{SIZE_MAX};  // SIZE_MAX: off (or not yet / no more)
 uintptr_t g_self_lo = 0, g_self_len = 0;   // this library's loaded segments
 std::atomic<uint64_t> g_mmap_count{0}, g_mmap_bytes{0}, g_mmap_fallbacks{0};
+std::atomic<uint64_t> g_prot_bytes{0}, g_prot_calls{0}, g_prot_refused{0};  // mprotect
+constexpr int kRW = PROT_READ | PROT_WRITE;
 constexpr uintptr_t kPageMask = 4095;
 
 void* sys_mmap(void* a, size_t n, int prot, int flags, int fd, off_t off) {
@@ -677,6 +693,7 @@ inline bool mm_kernel_caller(void* ra) {
 // The ranges handed out by mmap, sorted by begin, disjoint.
 struct MmRange {
   uintptr_t b, e;
+  int prot;  // g_prot only: the protection the program asked for
 };
 struct MmMap {
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -711,11 +728,45 @@ struct MmMap {
     return lo;
   }
   // reserve(1) first.
-  void insert(uintptr_t b, uintptr_t e) {
+  void insert(uintptr_t b, uintptr_t e, int prot = 0) {
     size_t i = lower(b);
     memmove(&r[i + 1], &r[i], (n - i) * sizeof(MmRange));
-    r[i] = MmRange{b, e};
+    r[i] = MmRange{b, e, prot};
     ++n;
+  }
+  // Removes [b, e) from the map, calling fn(ib, ie, prot) for each piece
+  // of an entry inside it first. reserve(1) first (one entry may split).
+  template <class Fn>
+  void carve(uintptr_t b, uintptr_t e, Fn fn) {
+    size_t i = lower(b);
+    while (i < n && r[i].b < e) {
+      MmRange& x = r[i];
+      const uintptr_t ib = x.b > b ? x.b : b, ie = x.e < e ? x.e : e;
+      fn(ib, ie, x.prot);
+      if (x.b < ib && x.e > ie) {  // split
+        const uintptr_t tail_e = x.e;
+        x.e = ib;
+        insert(ie, tail_e, x.prot);
+        return;
+      }
+      if (x.b < ib) {
+        x.e = ib;
+        ++i;
+      } else if (x.e > ie) {
+        x.b = ie;
+        ++i;
+      } else {
+        memmove(&r[i], &r[i + 1], (n - i - 1) * sizeof(MmRange));
+        --n;
+      }
+    }
+  }
+  // fn(ib, ie, prot) for each piece of an entry inside [b, e).
+  template <class Fn>
+  void each(uintptr_t b, uintptr_t e, Fn fn) const {
+    for (size_t i = lower(b); i < n && r[i].b < e; ++i) {
+      fn(r[i].b > b ? r[i].b : b, r[i].e < e ? r[i].e : e, r[i].prot);
+    }
   }
   // Is [b, e) entirely ours?
   bool covered(uintptr_t b, uintptr_t e) const {
@@ -732,6 +783,7 @@ struct MmMap {
   }
 };
 MmMap g_mm;
+MmMap g_prot;  // far ranges the program protected (not read-write); under g_mm.mu
 
 struct MmLock {
   MmLock() { pthread_mutex_lock(&g_mm.mu); }
@@ -752,11 +804,15 @@ void mm_init_self() {
 void mm_print_stats(char* buf, size_t n) {
   snprintf(buf, n,
            "farmem: stats: anonymous mmap: %llu mappings far (FARMEM_MMAP_MIN %s), %s live; %llu "
-           "left to the kernel (far region full)\n",
+           "left to the kernel (far region full); mprotect: %llu calls, %s protected (held "
+           "resident), %llu refused\n",
            (unsigned long long)g_mmap_count.load(std::memory_order_relaxed),
            g_opts->mmap_min ? farmem::format_size(g_opts->mmap_min).c_str() : "0, off",
            farmem::format_size(g_mmap_bytes.load(std::memory_order_relaxed)).c_str(),
-           (unsigned long long)g_mmap_fallbacks.load(std::memory_order_relaxed));
+           (unsigned long long)g_mmap_fallbacks.load(std::memory_order_relaxed),
+           (unsigned long long)g_prot_calls.load(std::memory_order_relaxed),
+           farmem::format_size(g_prot_bytes.load(std::memory_order_relaxed)).c_str(),
+           (unsigned long long)g_prot_refused.load(std::memory_order_relaxed));
 }
 
 inline uintptr_t page_up(uintptr_t n) {
@@ -820,32 +876,119 @@ bool mm_unmap_locked(uintptr_t b, uintptr_t e) {
   if (!g_mm.reserve(1)) return false;
   farmem::LocalScope local;
   FarHeap* h = mm_heap();
-  size_t i = g_mm.lower(b);
-  while (i < g_mm.n && g_mm.r[i].b < e) {
-    MmRange& r = g_mm.r[i];
-    const uintptr_t ib = r.b > b ? r.b : b, ie = r.e < e ? r.e : e;
+  g_mm.carve(b, e, [h](uintptr_t ib, uintptr_t ie, int) {
     // In a fork()ed child the drop fails and the range is not reused: the
     // child keeps the parent's snapshot pages there (nothing is lost).
     (void)h->space().give_back(reinterpret_cast<void*>(ib), ie - ib, true, true);
     g_mmap_bytes.fetch_sub(ie - ib, std::memory_order_relaxed);
-    if (r.b < ib && r.e > ie) {  // split
-      const uintptr_t tail_e = r.e;
-      r.e = ib;
-      g_mm.insert(ie, tail_e);
-      return true;
-    }
-    if (r.b < ib) {
-      r.e = ib;
-      ++i;
-    } else if (r.e > ie) {
-      r.b = ie;
-      ++i;
-    } else {
-      memmove(&g_mm.r[i], &g_mm.r[i + 1], (g_mm.n - i - 1) * sizeof(MmRange));
-      --g_mm.n;
-    }
-  }
+  });
   return true;
+}
+
+// mprotect of far memory (see the comment at the top of this part): a
+// range the program protects (anything but read-write) is pinned, so the
+// pager never has to read, move or refill it while the kernel enforces the
+// protection, and g_prot remembers it; read-write again unpins it.
+std::atomic<bool> g_prot_warned{false};
+
+int sys_mprotect(uintptr_t b, uintptr_t e, int prot) {
+  return static_cast<int>(syscall(SYS_mprotect, reinterpret_cast<void*>(b), e - b, prot));
+}
+
+// Pins (or unpins) [b, e); a no-op in a fork()ed child, where nothing is
+// evicted.
+farmem::Status mm_pin(uintptr_t b, uintptr_t e, bool pin) {
+  if (g_fork_child || b >= e) return farmem::ok_status();
+  return mm_heap()->backing().hint(pin ? farmem::FarHint::kPin : farmem::FarHint::kUnpin,
+                                   reinterpret_cast<void*>(b), e - b);
+}
+
+// fn(gb, ge) for each part of [b, e) that g_prot does not hold, until fn
+// returns false; returns where it stopped (e when it did not).
+template <class Fn>
+uintptr_t mm_unprotected_gaps(uintptr_t b, uintptr_t e, Fn fn) {
+  uintptr_t at = b;
+  for (size_t i = g_prot.lower(b); i < g_prot.n && g_prot.r[i].b < e; ++i) {
+    const uintptr_t ib = g_prot.r[i].b > b ? g_prot.r[i].b : b;
+    if (at < ib && !fn(at, ib)) return at;
+    at = g_prot.r[i].e < e ? g_prot.r[i].e : e;
+  }
+  if (at < e && !fn(at, e)) return at;
+  return e;
+}
+
+// Read-write again: [b, e) (page-aligned, g_mm.mu held) loses its
+// protection in the kernel, then its pins. -1 with errno when the kernel
+// refused (nothing of ours changed then).
+int mm_unprotect_locked(uintptr_t b, uintptr_t e) {
+  int rc = 0;
+  g_prot.each(b, e, [&rc](uintptr_t ib, uintptr_t ie, int) {
+    if (rc == 0 && sys_mprotect(ib, ie, kRW) != 0) rc = -1;
+  });
+  if (rc != 0) return rc;
+  if (!g_prot.reserve(1)) {
+    errno = ENOMEM;
+    return -1;
+  }
+  g_prot.carve(b, e, [](uintptr_t ib, uintptr_t ie, int) {
+    (void)mm_pin(ib, ie, false);
+    g_prot_bytes.fetch_sub(ie - ib, std::memory_order_relaxed);
+  });
+  return 0;
+}
+
+// mprotect of [b, e) (page-aligned, far, g_mm.mu held).
+int mm_protect_locked(uintptr_t b, uintptr_t e, int prot) {
+  g_prot_calls.fetch_add(1, std::memory_order_relaxed);
+  if (prot == kRW) return mm_unprotect_locked(b, e);
+  if (mm_heap()->backing().block_size() != 4096) {
+    // Pins cover whole blocks, protections pages: not worth the bookkeeping.
+    if (!g_prot_warned.exchange(true)) {
+      fprintf(stderr,
+              "farmem: mprotect(%p, %zu, %d) on far memory refused (EACCES): protecting far "
+              "memory needs FARMEM_BLOCK_SIZE=4K (it is %u); or keep such mappings with the "
+              "kernel (FARMEM_MMAP_MIN=off)\n",
+              reinterpret_cast<void*>(b), static_cast<size_t>(e - b), prot,
+              mm_heap()->backing().block_size());
+    }
+    errno = EACCES;
+    return -1;
+  }
+  if (!g_prot.reserve(2)) {
+    errno = ENOMEM;
+    return -1;
+  }
+  // The parts not protected yet are read-write: pinning may touch them.
+  farmem::Status st;
+  const uintptr_t stop = mm_unprotected_gaps(b, e, [&st](uintptr_t gb, uintptr_t ge) {
+    st = mm_pin(gb, ge, true);
+    return st.ok();
+  });
+  if (!st.ok() || sys_mprotect(b, e, prot) != 0) {
+    const int err = st.ok() ? errno : ENOMEM;
+    mm_unprotected_gaps(b, stop, [](uintptr_t gb, uintptr_t ge) {
+      (void)mm_pin(gb, ge, false);
+      return true;
+    });
+    if (!st.ok()) {
+      g_prot_refused.fetch_add(1, std::memory_order_relaxed);
+      if (!g_prot_warned.exchange(true)) {
+        fprintf(stderr,
+                "farmem: mprotect(%p, %zu, %d) on far memory failed (ENOMEM): a protected range "
+                "stays resident until it is read-write again, and %s (this warning is shown "
+                "once)\n",
+                reinterpret_cast<void*>(b), static_cast<size_t>(e - b), prot, st.message().c_str());
+      }
+    }
+    errno = err;
+    return -1;
+  }
+  g_prot.carve(b, e, [](uintptr_t ib, uintptr_t ie, int) {
+    g_prot_bytes.fetch_sub(ie - ib, std::memory_order_relaxed);
+  });
+  g_prot.insert(b, e, prot);
+  g_prot_bytes.fetch_add(e - b, std::memory_order_relaxed);
+  return 0;
 }
 
 inline bool mm_qualifies(void* addr, int prot, int flags, int fd, off_t off) {
@@ -888,6 +1031,7 @@ void* mm_fixed_in_far(void* addr, size_t len, int prot, int flags, int fd, off_t
   if (!mm_qualifies(nullptr, prot, plain, fd, off) || !g_mm.covered(b, e)) {
     return mm_fail(EINVAL);
   }
+  if (mm_unprotect_locked(b, e) != 0) return MAP_FAILED;
   mm_zero(b, e);
   return addr;
 }
@@ -926,6 +1070,7 @@ FARMEM_EXPORT int munmap(void* addr, size_t len) noexcept {
   }
   {
     MmLock lk;
+    if (mm_unprotect_locked(fb, fe) != 0) return -1;
     if (!mm_unmap_locked(fb, fe)) {
       errno = ENOMEM;
       return -1;
@@ -970,7 +1115,20 @@ FARMEM_EXPORT int madvise(void* addr, size_t len, int advice) noexcept {
   }
   if (advice == MADV_DONTNEED || advice == MADV_FREE) {
     MmLock lk;
+    // Protected parts: writable for the drop (a child zeroes with memset)
+    // and pinned again after it (the drop unpinned them), then protected
+    // as before. Another thread may reach them meanwhile.
+    g_prot.each(fb, fe, [](uintptr_t ib, uintptr_t ie, int) { (void)sys_mprotect(ib, ie, kRW); });
     mm_zero(fb, fe);
+    g_prot.each(fb, fe, [](uintptr_t ib, uintptr_t ie, int prot) {
+      farmem::Status st = mm_pin(ib, ie, true);
+      if (!st.ok()) {
+        fprintf(stderr,
+                "farmem: warning: madvise: protected far memory at %p not pinned again: %s\n",
+                reinterpret_cast<void*>(ib), st.message().c_str());
+      }
+      (void)sys_mprotect(ib, ie, prot);
+    });
   }
   return kernel_parts(b, e, fb, fe, kernel);
 }
@@ -986,9 +1144,9 @@ FARMEM_EXPORT int mprotect(void* addr, size_t len, int prot) noexcept {
     errno = EINVAL;
     return -1;
   }
-  if (prot != (PROT_READ | PROT_WRITE)) {
-    errno = EACCES;
-    return -1;
+  {
+    MmLock lk;
+    if (mm_protect_locked(fb, fe, prot) != 0) return -1;
   }
   return kernel_parts(b, e, fb, fe, kernel);
 }
@@ -1027,13 +1185,32 @@ FARMEM_EXPORT void* mremap(void* old, size_t old_len, size_t new_len, int flags,
   const size_t i = g_mm.holding(b);
   if (i == g_mm.n || g_mm.r[i].e < e) return mm_fail(EFAULT);  // not one mapping of ours
   if (nn <= on) {
+    if (mm_unprotect_locked(b + nn, e) != 0) return MAP_FAILED;
     if (!mm_unmap_locked(b + nn, e)) return mm_fail(ENOMEM);
     return old;
+  }
+  // As the kernel's, growing needs one protection over the whole range
+  // (it is one VMA there), and the new part takes it.
+  int tail_prot = kRW;
+  {
+    uintptr_t at = b;
+    bool mixed = false, any = false;
+    g_prot.each(b, e, [&](uintptr_t ib, uintptr_t ie, int prot) {
+      mixed |= ib != at || (any && prot != tail_prot);
+      any = true;
+      tail_prot = prot;
+      at = ie;
+    });
+    if (mixed || (any && at != e)) return mm_fail(EFAULT);
   }
   FarHeap* h = mm_heap();
   const size_t grow = nn - on;
   if (g_mm.r[i].e == e && !g_fork_child &&
       h->space().alloc(reinterpret_cast<void*>(e), grow, 4096) != nullptr) {
+    if (tail_prot != kRW && mm_protect_locked(e, e + grow, tail_prot) != 0) {
+      (void)h->space().give_back(reinterpret_cast<void*>(e), grow, true, true);
+      return MAP_FAILED;
+    }
     g_mm.r[i].e = e + grow;  // the next entry starts beyond: that space was free
     g_mmap_bytes.fetch_add(grow, std::memory_order_relaxed);
     return old;
@@ -1050,7 +1227,19 @@ FARMEM_EXPORT void* mremap(void* old, size_t old_len, size_t new_len, int flags,
     q = sys_mmap(nullptr, nn, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (q == MAP_FAILED) return q;
   }
+  // A protected range: readable for the copy; its protection (and pin)
+  // moves with it.
+  if (tail_prot != kRW && !(tail_prot & PROT_READ)) (void)sys_mprotect(b, e, PROT_READ);
   memcpy(q, old, on);
+  if (tail_prot != kRW) {
+    (void)mm_unprotect_locked(b, e);
+    const uintptr_t qb = reinterpret_cast<uintptr_t>(q);
+    if ((g_mm.holding(qb) < g_mm.n ? mm_protect_locked(qb, qb + nn, tail_prot)
+                                   : sys_mprotect(qb, qb + nn, tail_prot)) != 0) {
+      fprintf(stderr, "farmem: warning: mremap: the protection of %p was not carried to %p: %s\n",
+              old, q, strerror(errno));
+    }
+  }
   (void)mm_unmap_locked(b, e);  // reserved above: cannot fail
   return q;
 }

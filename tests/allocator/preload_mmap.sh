@@ -31,4 +31,10 @@ if ! grep -q 'anonymous mmap: [1-9][0-9]* mappings far' err.far; then
   echo "FAIL: no mapping went to far memory" >&2
   exit 1
 fi
+# Every protected range was made read-write or unmapped again: nothing is
+# left pinned; the 32 MiB mprotect over the pin limit was refused.
+if ! grep -q 'mprotect: [1-9][0-9]* calls, 0 B protected (held resident), 1 refused' err.far; then
+  echo "FAIL: protected far memory left pinned, or the refusal not counted" >&2
+  exit 1
+fi
 echo "PASS"

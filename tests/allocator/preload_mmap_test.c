@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,6 +127,13 @@ static void fill(void* p, size_t n, uint64_t seed) {
 static size_t verify(const void* p, size_t n, uint64_t seed) {
   const uint64_t* w = p;
   for (size_t i = 0; i < n / 8; ++i)
+    if (w[i] != word(seed, i)) return i;
+  return SIZE_MAX;
+}
+/* verify() of [off, off+n) of a buffer filled from p with `seed`. */
+static size_t verify_part(const void* p, size_t off, size_t n, uint64_t seed) {
+  const uint64_t* w = p;
+  for (size_t i = off / 8; i < (off + n) / 8; ++i)
     if (w[i] != word(seed, i)) return i;
   return SIZE_MAX;
 }
@@ -291,22 +300,145 @@ static void test_mremap(void) {
   CHECK(munmap(m, 16 * n) == 0, "munmap: %s", strerror(errno));
 }
 
-static void test_mprotect(void) {
-  size_t n = (size_t)kMiB;
-  char* p = map(n);
-  p[0] = 1;
-  CHECK(mprotect(p, n, kRW) == 0, "mprotect read-write: %s", strerror(errno));
-  int rc = mprotect(p, 4096, PROT_READ);
-  if (g_far) {
-    CHECK(rc == -1 && errno == EACCES, "mprotect PROT_READ on far memory: rc %d (%s)", rc,
-          strerror(errno));
-    p[1] = 2; /* still writable */
-    CHECK(p[0] == 1 && p[1] == 2, "far memory changed by a refused mprotect");
+static sigjmp_buf g_jb;
+static void* volatile g_fault_at;
+static void on_segv(int sig, siginfo_t* si, void* uc) {
+  (void)sig;
+  (void)uc;
+  g_fault_at = si->si_addr;
+  siglongjmp(g_jb, 1);
+}
+/* 1 when reading p (writing what it holds when `write`) raises SIGSEGV at
+ * p, 0 when the access goes through, -1 when it faults elsewhere. */
+static int segv_at(volatile char* p, int write) {
+  struct sigaction sa, old;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_segv;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, &old);
+  int r = 0;
+  g_fault_at = NULL;
+  if (sigsetjmp(g_jb, 1) == 0) {
+    char c = *p;
+    if (write) *p = c;
   } else {
-    CHECK(rc == 0, "mprotect PROT_READ: %s", strerror(errno));
-    CHECK(mprotect(p, 4096, kRW) == 0, "mprotect back: %s", strerror(errno));
+    r = g_fault_at == (void*)p ? 1 : -1;
   }
-  CHECK(munmap(p, n) == 0, "munmap: %s", strerror(errno));
+  sigaction(SIGSEGV, &old, NULL);
+  return r;
+}
+static int pages_writable(char* p, size_t n) {
+  for (size_t i = 0; i < n; i += 4096)
+    if (segv_at(p + i, 1) != 0) return 0;
+  return 1;
+}
+
+/* mprotect on far memory: the kernel enforces it (SIGSEGV at the address)
+ * through eviction around it, read-write again makes the data evictable
+ * and byte-exact, DONTNEED keeps it, munmap and mremap behave as the
+ * kernel's, and a range too big to hold resident is refused with ENOMEM. */
+static void test_mprotect(void) {
+  size_t n = (size_t)kMiB, off = 64 * 1024, rl = 256 * 1024;
+  char* p = map(n);
+  char* r = p + off;
+  fill(p, n, 41);
+  CHECK(mprotect(p, n, kRW) == 0, "mprotect read-write: %s", strerror(errno));
+  CHECK(mprotect(r, rl, PROT_READ) == 0, "mprotect PROT_READ: %s", strerror(errno));
+  CHECK(segv_at(r, 1) == 1 && segv_at(r + rl - 1, 1) == 1, "a write to PROT_READ went through");
+  CHECK(segv_at(r, 0) == 0, "a read of PROT_READ faulted");
+  CHECK(segv_at(r - 1, 1) == 0 && segv_at(r + rl, 1) == 0, "the neighbours are not writable");
+  CHECK(mprotect(r + 4096, 4096, PROT_NONE) == 0, "mprotect PROT_NONE: %s", strerror(errno));
+  CHECK(segv_at(r + 4096, 0) == 1, "a read of PROT_NONE went through");
+  churn(); /* the rest of p is evicted, the protected part stays */
+  CHECK(segv_at(r, 1) == 1 && segv_at(r + 4096, 0) == 1, "eviction lifted a protection");
+  CHECK(verify_part(p, 0, off + 4096, 41) == SIZE_MAX, "data before the PROT_NONE page changed");
+  CHECK(verify_part(p, off + 8192, n - off - 8192, 41) == SIZE_MAX,
+        "data after the PROT_NONE page changed");
+  CHECK(mprotect(r, rl, kRW) == 0, "mprotect back: %s", strerror(errno));
+  CHECK(verify(p, n, 41) == SIZE_MAX, "protecting changed the data");
+  CHECK(pages_writable(r, rl), "read-write again, but a write faults");
+  fill(p, n, 43);
+  churn(); /* unprotected: evicted and fetched back byte-exact */
+  CHECK(verify(p, n, 43) == SIZE_MAX, "data written after mprotect back differs after eviction");
+  /* DONTNEED keeps the protection; the range reads zeros. */
+  CHECK(mprotect(r, rl, PROT_READ) == 0, "mprotect PROT_READ again: %s", strerror(errno));
+  CHECK(madvise(r, rl, MADV_DONTNEED) == 0, "DONTNEED on PROT_READ: %s", strerror(errno));
+  CHECK(all_zero(r, rl), "DONTNEED on PROT_READ: not zeros");
+  CHECK(segv_at(r + 8192, 1) == 1, "DONTNEED lifted the protection");
+  CHECK(verify_part(p, 0, off, 43) == SIZE_MAX, "DONTNEED changed the head");
+  /* munmap of a protected mapping: its space comes back read-write. */
+  CHECK(mprotect(p, n, PROT_NONE) == 0, "mprotect PROT_NONE (all): %s", strerror(errno));
+  CHECK(munmap(p, n) == 0, "munmap of PROT_NONE: %s", strerror(errno));
+  for (int k = 0; k < 4; ++k) {
+    char* q = map(n);
+    CHECK(pages_writable(q, n) && all_zero(q, n),
+          "round %d: a new mapping (%s) is not zeroed "
+          "read-write memory",
+          k, q == p ? "the unmapped range" : "elsewhere");
+    CHECK(munmap(q, n) == 0, "munmap: %s", strerror(errno));
+  }
+  /* mremap: one protection over the range moves with it and covers the
+   * grown part; mixed protections are refused (EFAULT: several VMAs). */
+  char* m = map(n);
+  fill(m, n, 47);
+  CHECK(mprotect(m + 8192, 8192, PROT_READ) == 0, "mprotect before mremap: %s", strerror(errno));
+  char* x = mremap(m, n, 8 * n, MREMAP_MAYMOVE);
+  CHECK(x == MAP_FAILED && errno == EFAULT, "mremap of mixed protections: %p (%s)", (void*)x,
+        strerror(errno));
+  CHECK(mprotect(m, n, PROT_READ) == 0, "mprotect all before mremap: %s", strerror(errno));
+  char* g = mremap(m, n, 3 * n, MREMAP_MAYMOVE);
+  CHECK(g != MAP_FAILED, "mremap of a protected mapping: %s", strerror(errno));
+  if (g != MAP_FAILED) {
+    CHECK(verify(g, n, 47) == SIZE_MAX, "mremap of a protected mapping lost data");
+    CHECK(segv_at(g, 1) == 1 && segv_at(g + n - 1, 1) == 1 && segv_at(g + 3 * n - 1, 1) == 1,
+          "mremap lost the protection");
+    CHECK(all_zero(g + n, 2 * n), "the grown part is not zero");
+    CHECK(mprotect(g, 3 * n, kRW) == 0 && pages_writable(g, 3 * n), "mremapped: read-write again");
+    CHECK(mprotect(g + 4096, 4096, PROT_NONE) == 0, "mprotect one page: %s", strerror(errno));
+    char* t = mremap(g, 3 * n, 2 * n, 0); /* shrink across two protections: allowed */
+    CHECK(t == g, "mremap shrink of mixed protections: %s", strerror(errno));
+    CHECK(segv_at(g + 4096, 0) == 1 && verify(g, 4096, 47) == SIZE_MAX,
+          "shrinking changed what is left");
+    CHECK(munmap(g, 2 * n) == 0, "munmap: %s", strerror(errno));
+  }
+  /* The far heap (malloc memory) too. */
+  void* v = NULL;
+  CHECK(posix_memalign(&v, 4096, 65536) == 0, "posix_memalign");
+  memset(v, 5, 65536);
+  char* h = (char*)v + 4096;
+  CHECK(mprotect(h, 4096, PROT_READ) == 0, "mprotect heap memory: %s", strerror(errno));
+  CHECK(segv_at(h, 1) == 1 && h[0] == 5, "heap memory: PROT_READ not enforced");
+  CHECK(mprotect(h, 4096, kRW) == 0, "mprotect heap memory back: %s", strerror(errno));
+  h[0] = 6;
+  free(v);
+  /* A fork()ed child sees the data and the protection. */
+  char* f = map(n);
+  fill(f, n, 53);
+  CHECK(mprotect(f, 4096, PROT_READ) == 0, "mprotect before fork: %s", strerror(errno));
+  churn();
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) _exit(segv_at(f, 1) == 1 && verify(f, n, 53) == SIZE_MAX ? 0 : 5);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "fork child of a protected mapping: status %d", st);
+  CHECK(munmap(f, n) == 0, "munmap: %s", strerror(errno));
+  /* More than the budget can hold resident: refused, nothing changed. */
+  size_t big = 32 * (size_t)kMiB;
+  char* b = map(big);
+  fill(b, big, 59);
+  int rc = mprotect(b, big, PROT_READ);
+  if (g_far) {
+    CHECK(rc == -1 && errno == ENOMEM, "mprotect of 32 MiB at an 8 MiB budget: rc %d (%s)", rc,
+          strerror(errno));
+    CHECK(pages_writable(b, big), "a refused mprotect protected something");
+  } else {
+    CHECK(rc == 0, "mprotect PROT_READ of 32 MiB: %s", strerror(errno));
+    CHECK(segv_at(b + big - 1, 1) == 1, "PROT_READ not enforced");
+  }
+  CHECK(verify(b, big, 59) == SIZE_MAX, "data changed by mprotect of 32 MiB");
+  CHECK(munmap(b, big) == 0, "munmap: %s", strerror(errno));
 }
 
 static void test_left_to_kernel(void) {
@@ -453,7 +585,7 @@ static void* churn_thread(void* arg) {
       continue;
     }
     for (size_t i = 0; i < len[k]; i += 4096) bad += m[k][i] != tag;
-    switch (rand_r(&seed) % 4) {
+    switch (rand_r(&seed) % 5) {
       case 0:
         bad += munmap(m[k], len[k]) != 0;
         m[k] = NULL;
@@ -479,6 +611,12 @@ static void* churn_thread(void* arg) {
           bad += m[k][i] != 0;
           m[k][i] = tag;
         }
+        break;
+      case 3:
+        /* Protect the head, check it, and make it writable again. */
+        bad += mprotect(m[k], 16384, PROT_READ) != 0;
+        for (size_t i = 0; i < 16384; i += 4096) bad += m[k][i] != tag;
+        bad += mprotect(m[k], 16384, kRW) != 0;
         break;
       default:
         if (len[k] > 8192) {
