@@ -850,6 +850,7 @@ Status Pager<B>::discard(void* addr, size_t len) {
       }
       if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kDiscarding))) continue;
       if (s == PageState::kPresent) {
+        set_laps(b, 0);  // keeps hot_blocks_ (blocks holding laps) exact
         if (w & PageTable::kPinned) {
           pinned_.fetch_sub(1, std::memory_order_relaxed);  // discard unpins
         } else if (!(w & PageTable::kZeroMapped)) {         // a zero-mapped block is on no list

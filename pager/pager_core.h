@@ -257,6 +257,8 @@ class Pager {
   }
   // The hot laps of addr's block (evictor.h "Access tracking"; tests).
   uint32_t hot_laps_of(const void* addr) const { return pt_.hot_laps(block_index(addr)); }
+  // Blocks holding hot laps now (the count hot_cap_ limits; tests).
+  int64_t hot_blocks() const { return hot_blocks_.load(std::memory_order_relaxed); }
 
  private:
   // Most prefetched blocks mapped by one copy (flush_run()).

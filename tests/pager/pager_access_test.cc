@@ -6,6 +6,7 @@
 //   ctest -R PagerAccess
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -138,6 +139,31 @@ PagerStats hot_set_rounds(uint32_t hot_laps) {
   s.faults_remote -= s0.faults_remote;
   EXPECT_EQ(first_bad_page(mem, next, 0, kHot), next);  // the cold pages too
   return s;
+}
+
+// A block holding laps that is discarded (the allocator freed it) gives
+// them up: the count of blocks holding laps, which caps refault laps at
+// 3/4 of the budget, stays exact instead of creeping up with every free.
+TEST(PagerAccess, DiscardedHotBlockGivesUpItsLaps) {
+  LoopbackRig rig;
+  P& p = rig.start(access_config(2));
+  auto* mem = static_cast<uint8_t*>(p.base());
+  const size_t a = 0;
+  size_t next = 1;
+  stream(mem, &next, kBudget / 2);
+  fill_page(mem + a * kPage, a, 7);
+  ASSERT_TRUE(stream_until(p, mem, &next, a, PageState::kVictim, 8 * kBudget))
+      << p.stats().to_string();
+  ASSERT_EQ(first_bad_page(mem, 1, 7), 1u);  // a victim hit: laps
+  ASSERT_TRUE(wait_until([&] { return p.state_of(mem + a * kPage) == PageState::kPresent; }));
+  ASSERT_EQ(p.hot_laps_of(mem + a * kPage), 2u);
+  const int64_t hot = p.hot_blocks();
+  ASSERT_GE(hot, 1);
+  ASSERT_TRUE(p.discard(mem + a * kPage, kPage).ok());
+  EXPECT_EQ(p.hot_laps_of(mem + a * kPage), 0u);
+  EXPECT_EQ(p.hot_blocks(), hot - 1);
+  const uint8_t* pg = mem + a * kPage;
+  EXPECT_TRUE(std::all_of(pg, pg + kPage, [](uint8_t c) { return c == 0; }));
 }
 
 TEST(PagerAccess, HotSetThatFitsTakesFewFaults) {
