@@ -996,7 +996,7 @@ def programs_main(a):
     if a.workloads:
         raise SystemExit("eval: --workloads is for --set micro; use --programs")
 
-    a.programs = listarg(a.programs, programs.PROGRAMS, programs.PROGRAMS)
+    a.programs = listarg(a.programs, programs.ALL_PROGRAMS, programs.PROGRAMS)
     a.systems = listarg(a.systems, programs.SYSTEMS,
                         ["local", "fm-tcp"] if a.quick else ["local", "fm-tcp", "swap", "zswap"])
     a.systems = ["local"] + [s for s in a.systems if s != "local"]
@@ -1037,7 +1037,8 @@ def main():
     ap.add_argument("--set", choices=["micro", "programs"], default="micro",
                     help="micro: the workloads above (default); programs: unmodified Debian "
                     "programs at the same peak RSS (bench/eval/programs.py)")
-    ap.add_argument("--programs", help="--set programs: comma list of xz,gnu-sort,zstd")
+    ap.add_argument("--programs", help="--set programs: comma list of xz,gnu-sort,zstd (the default) and "
+                    "python-dict,perl-hash,sqlite-mem (issue 17's small-object heaps)")
     ap.add_argument("--timeout-factor", type=float,
                     help="--set programs: a cell's timeout is max(this x plain wall, 60 s) "
                     "(default 20; --quick: 10, and 20 s)")
