@@ -62,7 +62,9 @@ struct PagerConfig {
   // CPU (pager/fault_path.h "Handlers per CPU").
   bool pin_handlers = true;
   // A block seen written in its last stay comes back writable and dirty on
-  // a read fault (pager/fault_path.h "Written blocks come back writable").
+  // a read fault (pager/fault_path.h "Written blocks come back writable");
+  // and a read stream whose blocks mapped ahead (write-protected) are then
+  // written maps its next windows writable (Prefetcher::on_written_ahead).
   bool written_writable = true;
   // A read fault on a never-written block maps the kernel's shared zero
   // page, write-protected and outside the budget, as the kernel does for a

@@ -572,6 +572,12 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
         // Counted before the ioctl that wakes the thread: a thread that
         // faulted finds its fault in the statistics.
         counters_.bump(counters_.faults_wp);
+        // Mapped ahead write-protected by a read stream, and written: the
+        // stream writes what it walks (prefetch.h on_written_ahead()).
+        if ((w & PageTable::kPrefetched) && cfg_.written_writable && prefetcher_ &&
+            prefetcher_->on_written_ahead(b)) {
+          counters_.bump(counters_.prefetch_written_ahead);
+        }
         int err = 0;
         if (uffd_.write_protect(block_addr(b), block_, false, &err) != Errc::kOk) {
           fatal("pager: un-write-protecting block %u at %p failed: %s", b,

@@ -160,7 +160,7 @@ size_t Prefetcher::on_fault(uint32_t b, bool prefetch_hit, bool write, uint32_t*
       const size_t mk = static_cast<size_t>(std::max<int64_t>(s.window / 2 + 1, old_front + 1));
       if (n > 0 && steps(s, out[n - 1]) > old_front) s.front = out[n - 1];
       plan->confirmed = s.confirmed;
-      plan->write = s.write;
+      plan->write = s.write || s.writes_ahead;
       plan->stream = tag(i);
       // One marker at a time: while the last one is still ahead, its fault
       // is what asks for the next window.
@@ -195,6 +195,22 @@ size_t Prefetcher::on_fault(uint32_t b, bool prefetch_hit, uint32_t* out, size_t
   size_t n = on_fault(b, prefetch_hit, false, out, cap, &plan);
   if (confirmed) *confirmed = plan.confirmed;
   return n;
+}
+
+bool Prefetcher::on_written_ahead(uint32_t b) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const int64_t bb = b;
+  for (Stream& s : streams_) {
+    if (s.last < 0 || s.dir == 0 || !s.confirmed) continue;
+    // Mapped ahead by s: from a window behind its latest fault (the
+    // stream has moved on since) up to its front.
+    const int64_t st = steps(s, bb);
+    if (st >= -static_cast<int64_t>(s.window) && st <= steps(s, s.front)) {
+      s.writes_ahead = true;
+      return true;
+    }
+  }
+  return false;
 }
 
 void Prefetcher::on_unused() {

@@ -73,6 +73,12 @@ class Prefetcher {
                   bool* confirmed = nullptr);
   // A prefetched block was dropped without use (windows shrink).
   void on_unused();
+  // A block a confirmed stream mapped ahead write-protected (a read
+  // stream) was then written (a WP fault): the stream reads and writes
+  // what it walks (a read-modify-write scan, an UPDATE), so its next
+  // windows are mapped writable (Plan::write) until it is replaced. Returns
+  // whether b belonged to a stream.
+  bool on_written_ahead(uint32_t b);
   // True while block b is still ahead of stream `stream` (a Plan::stream):
   // the stream was not replaced and has not faulted at or past b. A
   // candidate that could not be posted at once is worth posting later only
@@ -101,6 +107,7 @@ class Prefetcher {
     uint64_t stamp = 0;   // last use (LRU replacement)
     bool confirmed = false;
     bool write = false;
+    bool writes_ahead = false;  // on_written_ahead() saw its blocks written
   };
 
   // Returns the trend delta or 0 when the history shows none.

@@ -67,6 +67,7 @@ void PagerCounters::snapshot(PagerStats* s) const {
   s->prefetch_used = ld(prefetch_used);
   s->prefetch_unused = ld(prefetch_unused);
   s->prefetch_mapped = ld(prefetch_mapped);
+  s->prefetch_written_ahead = ld(prefetch_written_ahead);
   s->hot_marked = ld(hot_marked);
   s->refaults_hot = ld(refaults_hot);
   s->hot_passes = ld(hot_passes);
@@ -81,7 +82,7 @@ std::string PagerStats::to_string() const {
       "evict: demoted %llu clean %llu dirty %llu zero-cleaned %llu wb-errors %llu; moved out "
       "%llu in %llu fallbacks %llu\n"
       "io: reads %llu (%llu B) writes %llu (%llu B)\n"
-      "prefetch: issued %llu used %llu mapped %llu unused %llu\n"
+      "prefetch: issued %llu used %llu mapped %llu unused %llu written-ahead %llu\n"
       "access: hot marked %llu refaults %llu passes %llu\n"
       "memory: resident %llu B (peak %llu) of budget %llu B; remote %llu B",
       static_cast<unsigned long long>(faults_zero), static_cast<unsigned long long>(zero_around),
@@ -102,9 +103,10 @@ std::string PagerStats::to_string() const {
       static_cast<unsigned long long>(prefetch_issued),
       static_cast<unsigned long long>(prefetch_used),
       static_cast<unsigned long long>(prefetch_mapped),
-      static_cast<unsigned long long>(prefetch_unused), static_cast<unsigned long long>(hot_marked),
-      static_cast<unsigned long long>(refaults_hot), static_cast<unsigned long long>(hot_passes),
-      static_cast<unsigned long long>(resident_bytes),
+      static_cast<unsigned long long>(prefetch_unused),
+      static_cast<unsigned long long>(prefetch_written_ahead),
+      static_cast<unsigned long long>(hot_marked), static_cast<unsigned long long>(refaults_hot),
+      static_cast<unsigned long long>(hot_passes), static_cast<unsigned long long>(resident_bytes),
       static_cast<unsigned long long>(resident_peak_bytes),
       static_cast<unsigned long long>(budget_bytes), static_cast<unsigned long long>(remote_bytes));
   return buf;

@@ -69,6 +69,9 @@ struct PagerStats {
   uint64_t prefetch_used = 0;    // a prefetched block faulted on before eviction
   uint64_t prefetch_mapped = 0;  // prefetched on a confirmed stream and mapped at once
   uint64_t prefetch_unused = 0;  // a prefetched block dropped unused
+  // A block a read stream mapped ahead write-protected took a WP fault: the
+  // stream's next windows are mapped writable (Prefetcher::on_written_ahead).
+  uint64_t prefetch_written_ahead = 0;
   // Access tracking (pager/evictor.h): blocks seen in use by a victim hit
   // (given config.hot_laps), demand fetches that were refaults within
   // reach (given one lap), and passes of the active list's tail made by a
@@ -97,7 +100,7 @@ struct alignas(64) PagerCounters {
   std::atomic<uint64_t> moves_out{0}, moves_in{0}, move_fallbacks{0};
   std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0};
   std::atomic<uint64_t> prefetch_issued{0}, prefetch_used{0}, prefetch_unused{0},
-      prefetch_mapped{0};
+      prefetch_mapped{0}, prefetch_written_ahead{0};
   std::atomic<uint64_t> hot_marked{0}, refaults_hot{0}, hot_passes{0};
 
   static void bump(std::atomic<uint64_t>& c, uint64_t n = 1) {

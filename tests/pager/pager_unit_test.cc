@@ -309,6 +309,33 @@ TEST(PrefetcherTest, SequentialStreamPrefetchesAhead) {
   EXPECT_EQ(n, 0u);
 }
 
+// A confirmed read stream whose mapped-ahead blocks are then written (a
+// read-modify-write scan) maps its next windows writable; a block no
+// stream mapped ahead changes nothing.
+TEST(PrefetcherTest, WrittenAheadMakesAReadStreamMapWritable) {
+  Prefetcher pf(16, 1000);
+  uint32_t out[16];
+  Prefetcher::Plan plan;
+  pf.on_fault(10, false, false, out, 16, &plan);
+  pf.on_fault(11, false, false, out, 16, &plan);
+  ASSERT_EQ(pf.on_fault(12, false, false, out, 16, &plan), 4u);
+  ASSERT_EQ(pf.on_fault(13, true, false, out, 16, &plan), 8u);  // a hit: confirmed
+  EXPECT_TRUE(plan.confirmed);
+  EXPECT_FALSE(plan.write);
+  EXPECT_FALSE(pf.on_written_ahead(500));  // nobody's block
+  ASSERT_EQ(pf.on_fault(14, true, false, out, 16, &plan), 16u);
+  EXPECT_FALSE(plan.write);
+  EXPECT_TRUE(pf.on_written_ahead(16));  // mapped ahead by the stream, then written
+  ASSERT_GT(pf.on_fault(15, true, false, out, 16, &plan), 0u);
+  EXPECT_TRUE(plan.write) << "the stream writes what it walks: map writable";
+  // A stream not confirmed yet maps nothing at once: its blocks are not
+  // "mapped ahead".
+  Prefetcher fresh(16, 1000);
+  fresh.on_fault(100, false, false, out, 16, &plan);
+  fresh.on_fault(101, false, false, out, 16, &plan);
+  EXPECT_FALSE(fresh.on_written_ahead(102));
+}
+
 TEST(PrefetcherTest, StridedAndMajorityTrend) {
   Prefetcher pf(8, 100000);
   uint32_t out[8];
