@@ -628,10 +628,11 @@ FARMEM_EXPORT int pthread_create(pthread_t* t, const pthread_attr_t* attr, void*
 //                tail make a range read-write first (a recycled range must
 //                be); madvise(DONTNEED) keeps the protection (the range is
 //                briefly writable for the drop, then pinned again); mremap
-//                carries the protection of each page with it, and extends a
-//                mapping with the protection of its last page, as the
-//                kernel does. Needs FARMEM_BLOCK_SIZE=4K (the default), else
-//                EACCES.
+//                of a range with one protection moves it with the range and
+//                gives the grown part the same, and of a range with mixed
+//                protections fails with EFAULT, as the kernel's (several
+//                VMAs there); shrinking across protections works. Needs
+//                FARMEM_BLOCK_SIZE=4K (the default), else EACCES.
 //   mmap FIXED   over a range of ours with the qualifying prot and flags:
 //                its pages are dropped (a fresh zeroed mapping); any other
 //                MAP_FIXED into the far region: EINVAL, MAP_FIXED_NOREPLACE:
