@@ -7,7 +7,7 @@
 # Checks, with FARMEM_PRELOAD_LIB set:
 #   1. its DT_NEEDED list names none of libibverbs, librdmacm, libcrypto,
 #      libstdc++ (a verbs call added without its forwarder in
-#      runtime/verbs_lib.cc brings one back);
+#      runtime/verbs_lib.cc brings one back), nor libm (preload/mathlite.h);
 #   2. a program that used far memory over loopback (FARMEM_STATS shows far
 #      allocations) never mapped any of them;
 #   2b. with FARMEMD set: nor one that pages to a donor over tcp, both
@@ -26,6 +26,11 @@ needed=$(readelf -d "$FARMEM_PRELOAD_LIB" | awk '/NEEDED/ { print $NF }')
 echo "DT_NEEDED: $(echo $needed)"
 if grep -Eq "$lazy" <<< "$needed"; then
   fail "$FARMEM_PRELOAD_LIB needs $(grep -Eo "$lazy" <<< "$needed" | tr '\n' ' ')at start-up"
+fi
+# Nor libm: its three functions the library uses are its own
+# (preload/mathlite.h); a loaded libm costs ~0.3 MiB resident.
+if grep -q '^libm\.so' <<< "$needed"; then
+  fail "$FARMEM_PRELOAD_LIB needs libm (a new libm call: add it to preload/mathlite.h)"
 fi
 
 if [[ ! -e /dev/userfaultfd && $(cat /proc/sys/vm/unprivileged_userfaultfd 2>/dev/null || echo 0) != 1 && $(id -u) != 0 ]]; then
