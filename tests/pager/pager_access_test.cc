@@ -44,6 +44,30 @@ bool stream_until(P& p, uint8_t* mem, size_t* next, size_t b, PageState s, size_
   return p.state_of(mem + b * kPage) == s;
 }
 
+// Block A (page 0), written after half a budget of other blocks (when the
+// budget first fills, the oldest victims are dropped at once, and A must
+// not be one of them), is sampled (the stream of cold blocks from *next
+// pushes it to the tail and into the victim cache) and then touched there:
+// one victim hit maps it back, byte-exact.
+::testing::AssertionResult sample_then_touch_a(P& p, uint8_t* mem, size_t* next) {
+  stream(mem, next, kBudget / 2);
+  fill_page(mem, 0, 7);
+  if (!stream_until(p, mem, next, 0, PageState::kVictim, 8 * kBudget)) {
+    return ::testing::AssertionFailure() << "A never sampled: " << p.stats().to_string();
+  }
+  if (p.hot_laps_of(mem) != 0) return ::testing::AssertionFailure() << "A has laps unused";
+  const PagerStats s0 = p.stats();
+  if (first_bad_page(mem, 1, 7) != 1) return ::testing::AssertionFailure() << "A differs";
+  if (p.stats().faults_victim - s0.faults_victim != 1) {
+    return ::testing::AssertionFailure() << "not one victim hit: " << p.stats().to_string();
+  }
+  // The handler leaves Promoting just after the copy that woke this thread.
+  if (!wait_until([&] { return p.state_of(mem) == PageState::kPresent; })) {
+    return ::testing::AssertionFailure() << "A not mapped back";
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // One block A, sampled (demoted into the victim cache by the stream's
 // pressure) and touched there, is kept: a cold block B written after A's
 // promotion leaves local memory while A stays mapped (without tracking,
@@ -55,23 +79,10 @@ void sampled_touched_kept_then_evicted(uint32_t hot_laps) {
   LoopbackRig rig;
   P& p = rig.start(access_config(hot_laps));
   auto* mem = static_cast<uint8_t*>(p.base());
-  // A is written after half a budget of other blocks: when the budget
-  // first fills, the oldest victims are dropped at once, and A must not
-  // be one of them.
+  // 1. Sampled, 2. touched there: mapped back with hot_laps laps.
   const size_t a = 0;
   size_t next = 1;
-  stream(mem, &next, kBudget / 2);
-  fill_page(mem + a * kPage, a, 7);
-  // 1. Sampled: the stream pushes A to the tail, and into the victim cache.
-  ASSERT_TRUE(stream_until(p, mem, &next, a, PageState::kVictim, 8 * kBudget))
-      << p.stats().to_string();
-  EXPECT_EQ(p.hot_laps_of(mem + a * kPage), 0u);
-  // 2. Touched there: a victim hit, mapped back with hot_laps laps.
-  const PagerStats s0 = p.stats();
-  ASSERT_EQ(first_bad_page(mem, 1, 7), 1u);  // reads A: byte-exact
-  EXPECT_EQ(p.stats().faults_victim - s0.faults_victim, 1u) << p.stats().to_string();
-  // The handler leaves Promoting just after the copy that woke this thread.
-  ASSERT_TRUE(wait_until([&] { return p.state_of(mem + a * kPage) == PageState::kPresent; }));
+  ASSERT_TRUE(sample_then_touch_a(p, mem, &next));
   EXPECT_EQ(p.hot_laps_of(mem + a * kPage), hot_laps);
   // 3. B, written just after, is older than nothing A is: it leaves first
   //    only if A passes the tail without a demotion.
@@ -150,12 +161,7 @@ TEST(PagerAccess, DiscardedHotBlockGivesUpItsLaps) {
   auto* mem = static_cast<uint8_t*>(p.base());
   const size_t a = 0;
   size_t next = 1;
-  stream(mem, &next, kBudget / 2);
-  fill_page(mem + a * kPage, a, 7);
-  ASSERT_TRUE(stream_until(p, mem, &next, a, PageState::kVictim, 8 * kBudget))
-      << p.stats().to_string();
-  ASSERT_EQ(first_bad_page(mem, 1, 7), 1u);  // a victim hit: laps
-  ASSERT_TRUE(wait_until([&] { return p.state_of(mem + a * kPage) == PageState::kPresent; }));
+  ASSERT_TRUE(sample_then_touch_a(p, mem, &next));  // a victim hit: laps
   ASSERT_EQ(p.hot_laps_of(mem + a * kPage), 2u);
   const int64_t hot = p.hot_blocks();
   ASSERT_GE(hot, 1);

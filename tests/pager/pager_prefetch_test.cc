@@ -161,6 +161,20 @@ TEST(PagerPrefetchTest, WrittenStreamMapsWritable) {
   }
 }
 
+// Evicts the three arrays, then checks that every page of the first reads
+// as write_and_push_out() wrote it, changed by pass(expected page).
+template <class F>
+void expect_first_array_after_eviction(P& p, uint8_t* mem, F pass) {
+  EXPECT_TRUE(p.evict(mem, 3 * kLen * kPage).ok());
+  std::vector<uint8_t> e(kPage);
+  for (size_t pg = 0; pg < kLen; ++pg) {
+    fill_page(e.data(), pg, 0);
+    pass(e.data());
+    EXPECT_EQ(memcmp(mem + pg * kPage, e.data(), kPage), 0) << "page " << pg;
+    if (memcmp(mem + pg * kPage, e.data(), kPage) != 0) break;
+  }
+}
+
 // A stream that reads blocks written in their last stay and writes them
 // again (x = a[i]; a[i] = x + 1, as a STREAM kernel over an array written
 // the pass before): its first touch of each block is a read, so the stream
@@ -186,19 +200,14 @@ size_t wp_faults_of_read_then_write_pass(bool written_writable) {
   wait_quiet(p, mem);
   const Delta d = delta(before, p.stats());
   EXPECT_LT(d.demand, kLen / 2) << p.stats().to_string();  // served by prefetch
-  EXPECT_TRUE(p.evict(mem, 3 * kLen * kPage).ok());
-  std::vector<uint8_t> e(kPage);
-  for (size_t pg = 0; pg < kLen; ++pg) {
-    fill_page(e.data(), pg, 0);
+  expect_first_array_after_eviction(p, mem, [](uint8_t* e) {
     for (size_t k = 0; k < kPage; k += 8) {
       uint64_t x;
-      memcpy(&x, e.data() + k, 8);
+      memcpy(&x, e + k, 8);
       x += 1;
-      memcpy(e.data() + k, &x, 8);
+      memcpy(e + k, &x, 8);
     }
-    EXPECT_EQ(memcmp(mem + pg * kPage, e.data(), kPage), 0) << "page " << pg;
-    if (memcmp(mem + pg * kPage, e.data(), kPage) != 0) break;
-  }
+  });
   return d.wp;
 }
 
@@ -258,14 +267,9 @@ size_t wp_faults_of_rmw_pass_after_a_read_pass(bool written_writable) {
          static_cast<unsigned long long>(sum), s.to_string().c_str());
   EXPECT_LT(d.demand, kLen / 2) << s.to_string();  // served by prefetch
   EXPECT_EQ(s.prefetch_written_ahead > before.prefetch_written_ahead, written_writable);
-  EXPECT_TRUE(p.evict(mem, 3 * kLen * kPage).ok());
-  std::vector<uint8_t> e(kPage);
-  for (size_t pg = 0; pg < kLen; ++pg) {
-    fill_page(e.data(), pg, 0);
+  expect_first_array_after_eviction(p, mem, [](uint8_t* e) {
     for (size_t k = 0; k < kPage; ++k) e[k] ^= 0x5a;
-    EXPECT_EQ(memcmp(mem + pg * kPage, e.data(), kPage), 0) << "page " << pg;
-    if (memcmp(mem + pg * kPage, e.data(), kPage) != 0) break;
-  }
+  });
   return d.wp;
 }
 
