@@ -34,6 +34,11 @@ inline double from_bits(uint64_t u) {
   return x;
 }
 
+// ln 2 in two parts: kLn2Hi has its low 21 bits zero (0x3fe62e42fee00000),
+// so k * kLn2Hi is exact for |k| < 2^21.
+constexpr double kLn2Hi = 6.93147180369123816490e-01;
+constexpr double kLn2Lo = 1.90821492927058770002e-10;
+
 // 2^k for k in [-1074, 1023] (subnormal results below -1022).
 inline double pow2(int k) {
   if (k >= -1022) return from_bits(static_cast<uint64_t>(k + 1023) << 52);
@@ -58,8 +63,6 @@ inline double exp(double x) {
   if (x > 709.782712893384) return std::numeric_limits<double>::infinity();
   if (x < -745.1332191019412) return 0.0;
   // x = k ln2 + r, |r| <= ln2 / 2; ln2 in two parts so that k ln2 is exact.
-  constexpr double kLn2Hi = 6.93147180369123816490e-01;  // 0x3fe62e42fee00000
-  constexpr double kLn2Lo = 1.90821492927058770002e-10;
   constexpr double kInvLn2 = 1.44269504088896338700e+00;
   const double kd = round(x * kInvLn2);
   const int k = static_cast<int>(kd);
@@ -103,8 +106,6 @@ inline double log(double x) {
   double q = 2.0 / 41;
   for (int i = 39; i >= 3; i -= 2) q = 2.0 / i + s2 * q;
   const double R = s2 * q;
-  constexpr double kLn2Hi = 6.93147180369123816490e-01;
-  constexpr double kLn2Lo = 1.90821492927058770002e-10;
   return e * kLn2Hi + ((f - s * (f - R)) + e * kLn2Lo);
 }
 
