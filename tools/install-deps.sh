@@ -38,6 +38,7 @@ PACKAGES=(
   xz-utils         # bench/eval --set programs: xz -7 is the large-window compressor run unmodified
   coreutils        # bench/eval --set programs: GNU sort -S runs unmodified (Essential; listed for the record)
   zstd             # bench/eval --set programs: zstd -19 --long=27 (128 MiB window) runs unmodified
+  valgrind         # bench/eval/lru_reference.py: cachegrind models an exact-LRU memory of 4 KiB pages
   # ---- Later issues: Soft-RoCE guest packages (qemu, kernel image, ...) go here.
   # FARMEM-DEPS-SOFTROCE
 )
