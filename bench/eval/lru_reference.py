@@ -8,10 +8,12 @@ unmodified program, from the program's own accesses.
 
 The program runs under valgrind's cachegrind with its last-level cache
 simulated as a memory of 4 KiB lines: C bytes of capacity = S sets x A ways
-x 4096, S a power of two and A >= --min-ways (default 32), LRU within a
-set. So the model is LRU over S groups of pages, at most 1/min-ways under
-the capacity asked for (the capacity modelled is printed); with 32+ ways
-its misses are within a few percent of a fully associative LRU's. It sees
+x 4096, S a power of two and A from --min-ways (default 32) to 4x that,
+LRU within a set, the S and A that come closest to C from below (the
+capacity modelled is printed; 72M, 95M and 260M are exact). So the model is
+LRU over S groups of pages (a page's group is fixed by its address), a
+little worse than one fully associative LRU; --min-ways 128 comes closer
+and runs slower. It sees
 every access the program makes (data and code, the stack and libraries
 too, after the first-level caches filter re-uses of the same line: those
 are hits at any capacity), all threads interleaved as valgrind serialises
@@ -55,15 +57,20 @@ def parse_size(text):
 
 def geometry(capacity, min_ways):
     """(sets, ways) of the largest LRU memory of 4 KiB lines at most `capacity`
-    bytes with a power-of-two number of sets and at least min_ways ways
-    (fewer ways only when the capacity holds fewer pages than min_ways)."""
+    bytes with a power-of-two number of sets and min_ways to 4 x min_ways
+    ways (more ways on a tie: closer to a fully associative LRU); one set of
+    all the pages when they are fewer than min_ways."""
     pages = capacity // PAGE
     if pages < 1:
         raise ValueError("capacity %d: less than one page" % capacity)
+    best = (1, pages)
     sets = 1
-    while pages // (sets * 2) >= min_ways:
+    while pages // sets >= min_ways:
+        ways = pages // sets
+        if ways <= 4 * min_ways and (best[1] > 4 * min_ways or sets * ways > best[0] * best[1]):
+            best = (sets, ways)
         sets *= 2
-    return sets, pages // sets
+    return best
 
 
 LL_RE = re.compile(r"LL misses:\s+([\d,]+)\s+\(\s*([\d,]+) rd\s+\+\s+([\d,]+) wr\)")

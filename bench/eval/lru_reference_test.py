@@ -31,13 +31,15 @@ def check(cond, what):
 
 
 def main(scan):
-    # Geometry: a power of two of sets, at least min_ways ways, never more
-    # than asked for and within 1/min_ways of it.
-    for cap in (4 << 20, 72 << 20, 75 << 20, 258 << 20, 1 << 30):
+    # Geometry: a power of two of sets, 32 to 128 ways, never more than
+    # asked for and within 1/128 of it; whole MiB up to 128 MiB exactly.
+    for cap in (4 << 20, 72 << 20, 75 << 20, 181 << 20, 258 << 20, 1 << 30, 12345678):
         sets, ways = lr.geometry(cap, 32)
         modelled = sets * ways * lr.PAGE
-        check(sets & (sets - 1) == 0 and ways >= 32 and modelled <= cap and
-              modelled > cap * (1 - 1 / 32), "geometry %d MiB -> %d x %d" % (cap >> 20, sets, ways))
+        check(sets & (sets - 1) == 0 and 32 <= ways <= 128 and modelled <= cap and
+              modelled > cap * (1 - 1 / 128), "geometry %d B -> %d x %d" % (cap, sets, ways))
+    check(all(lr.geometry(m << 20, 32)[0] * lr.geometry(m << 20, 32)[1] == m << 8
+              for m in range(1, 129)), "1..128 MiB modelled exactly")
     check(lr.geometry(64 * 4096, 128) == (1, 64), "fewer pages than ways: one set")
     check(lr.parse_misses("==1== LL misses:   1,427,472  (  1,403,871 rd   +   23,601 wr)") ==
           (1427472, 1403871, 23601), "cachegrind's LL line read")
