@@ -141,9 +141,16 @@ uint32_t Pager<B>::written_flag(uint32_t b, uint32_t w, uint32_t slot) {
 template <TransportBackend B>
 uint32_t Pager<B>::alloc_slot(bool* empty) {
   std::lock_guard<std::mutex> lk(slot_mu_);
-  if (free_slots_.empty()) return kNoSlot;
-  uint32_t s = free_slots_.back();
-  free_slots_.pop_back();
+  uint32_t s;
+  if (!free_slots_.empty()) {
+    s = free_slots_.back();
+    free_slots_.pop_back();
+  } else if (fresh_slots_ < n_slots_) {
+    s = fresh_slots_++;
+    slot_empty_[s] = drop_slot_pages_ ? kSlotEmpty : kSlotUnknown;
+  } else {
+    return kNoSlot;
+  }
   if (empty) *empty = slot_empty_[s] == kSlotEmpty;
   if (slot_empty_[s] == kSlotCharged) {
     --slot_pages_;

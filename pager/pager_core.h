@@ -248,6 +248,9 @@ class Pager {
   // of the pager's memory (region and slots together).
   void* victim_slots() const { return slots_.ptr; }
   size_t victim_slots_bytes() const { return uint64_t{n_slots_} * block_; }
+  // The per-slot states (slot_meta_): resident only where slots were used.
+  void* slot_states() const { return slot_meta_.ptr; }
+  size_t slot_states_bytes() const { return 4 * uint64_t{n_slots_}; }
   // Pages of free victim slots dropped to make room (release_slot_pages()).
   uint64_t slot_pages_released() const { return slot_releases_.load(std::memory_order_relaxed); }
 
@@ -602,8 +605,15 @@ class Pager {
   BlockList victim_;  // guarded by list_mu_
 
   std::mutex slot_mu_;
+  // Free slots: those freed since (LIFO), then [fresh_slots_, n_slots_),
+  // never used. The per-slot arrays (slot_empty_, wb_*) live in slot_meta_,
+  // zero pages until a slot is used: a budget's worth of slots costs no
+  // memory until the victim cache grows into it (4 GiB: 262k slots, 8 B
+  // each, were 2 MiB resident from the start).
   std::vector<uint32_t> free_slots_;  // guarded by slot_mu_
-  std::vector<uint8_t> slot_empty_;   // guarded by slot_mu_; kSlot* below, see alloc_slot()
+  uint32_t fresh_slots_ = 0;          // guarded by slot_mu_
+  pager_detail::Mapping slot_meta_;
+  uint8_t* slot_empty_ = nullptr;  // guarded by slot_mu_; kSlot* below, see alloc_slot()
   // A free slot's page (evictor.h "Free slots' pages"): unknown (a pinning
   // transport: never dropped, not charged), none, or a page charged in
   // resident_ until release_slot_pages() drops it or a new owner takes it.
@@ -631,7 +641,7 @@ class Pager {
   // (one per replica) not yet completed, completed OK, and whether one
   // failed with a retryable error. The block leaves its slot when the
   // last completes and every live replica stored it (invariant 1).
-  std::vector<uint8_t> wb_left_, wb_ok_, wb_retry_;
+  uint8_t *wb_left_ = nullptr, *wb_ok_ = nullptr, *wb_retry_ = nullptr;  // in slot_meta_
   std::unique_ptr<Replicator<B>> replicator_;  // when remote_->replicas() > 1
   std::mutex evict_mu_;
   std::condition_variable evict_cv_;

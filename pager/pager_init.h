@@ -126,11 +126,16 @@ Status Pager<B>::init() {
   FARMEM_RETURN_IF_ERROR(transport_->register_buffer(slots_.ptr, uint64_t{n_slots_} * block_));
   registered_.push_back(slots_.ptr);
   free_slots_.reserve(n_slots_);
-  for (uint32_t s = n_slots_; s-- > 0;) free_slots_.push_back(s);
+  fresh_slots_ = 0;
+  FARMEM_RETURN_IF_ERROR(slot_meta_.map(4 * uint64_t{n_slots_}, 4096, true, "victim slot states"));
+  slot_empty_ = reinterpret_cast<uint8_t*>(slot_meta_.ptr);
+  wb_left_ = slot_empty_ + n_slots_;
+  wb_ok_ = wb_left_ + n_slots_;
+  wb_retry_ = wb_ok_ + n_slots_;
   // A fresh mapping holds no page; a pinning registration may have faulted
-  // them all in, and they stay (evictor.h "Free slots' pages").
+  // them all in, and they stay (evictor.h "Free slots' pages"). A fresh
+  // slot's state is set when it is first taken (alloc_slot()).
   drop_slot_pages_ = !transport_->registration_pins();
-  slot_empty_.assign(n_slots_, drop_slot_pages_ ? kSlotEmpty : kSlotUnknown);
 
   remote_ = std::make_unique<RemoteMap>(source_, transport_, block_);
   prefetcher_ = std::make_unique<Prefetcher>(cfg_.prefetch_max_window, n_blocks_);
@@ -179,9 +184,6 @@ Status Pager<B>::init() {
   hint_q_ = std::move(*hq);
   h_wb_.reserve(cfg_.writeback_batch);
   wb_ops_.reserve(uint64_t{cfg_.writeback_batch} * remote_->replicas());
-  wb_left_.assign(n_slots_, 0);
-  wb_ok_.assign(n_slots_, 0);
-  wb_retry_.assign(n_slots_, 0);
   if (remote_->replicas() > 1) {
     auto r = Replicator<B>::start(transport_, remote_.get());
     if (!r.ok()) return r.status().with_context("pager: starting re-replication");

@@ -144,6 +144,30 @@ TEST(PagerBudget, ThrashingGrowsTheVictimCacheToItsShare) {
   EXPECT_EQ(p.victim_target_bytes(), share) << s.to_string();
 }
 
+// The victim cache's bookkeeping is sized by the budget (8 bytes a slot:
+// the free list and four state bytes) but costs memory only where the
+// cache was used: with a 128 MiB budget and 2 MiB written nothing of it is
+// resident; a thrashing pager touches its states (the accessor sees them).
+TEST(PagerBudget, SlotBookkeepingResidentOnlyWhereUsed) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  {
+    LoopbackRig rig;
+    P& p = start_without_prefetch(rig, 32768, 65536);
+    ASSERT_GE(p.slot_states_bytes(), 4u * 8192);
+    auto* mem = static_cast<volatile uint8_t*>(p.base());
+    for (size_t pg = 0; pg < 512; ++pg) mem[pg * kPage] = static_cast<uint8_t>(pg);
+    EXPECT_EQ(mapped_pages(p.slot_states(), p.slot_states_bytes()), 0u) << p.stats().to_string();
+  }
+  constexpr size_t kBudget = 256, kPages = 1024;
+  LoopbackRig rig;
+  P& p = start_without_prefetch(rig, kBudget, 2 * kPages);
+  auto* mem = static_cast<volatile uint8_t*>(p.base());
+  for (size_t pg = 0; pg < kPages; ++pg) mem[pg * kPage] = static_cast<uint8_t>(pg);
+  for (size_t pg = 0; pg < kPages; ++pg) ASSERT_EQ(mem[pg * kPage], static_cast<uint8_t>(pg));
+  EXPECT_GT(p.stats().evictions_dirty, 0u);
+  EXPECT_GT(mapped_pages(p.slot_states(), p.slot_states_bytes()), 0u);
+}
+
 // Invariant 5 under the new headroom: two threads of random read-modify-
 // writes over four times the budget, resident sampled all along; the
 // exact peak is never above the budget; the data is byte-exact.
