@@ -485,6 +485,9 @@ void FarRuntime::fill_stats(StatsSnapshot& s) {
   s.counter("refaults_hot", p.refaults_hot,
             "pages fetched back less than a budget's worth of evictions after they left");
   s.counter("hot_passes", p.hot_passes, "passes of the resident list's tail without a demotion");
+  s.counter(
+      "evicted_behind", p.evicted_behind,
+      "pages evicted from behind a sequential stream instead of the oldest (FARMEM_EVICT_BEHIND)");
   s.counter("bytes_read", p.bytes_read, "bytes read from donors");
   s.counter("bytes_written", p.bytes_written, "bytes written to donors");
   s.gauge("resident_bytes", p.resident_bytes, "far memory resident in this process now");

@@ -207,6 +207,11 @@ Result<PagerConfig> PagerConfig::from_env(PagerConfig c) {
     if (!r.ok()) return r.status();
     c.refault_hot = *r == 1;
   }
+  if (const char* v = getenv("FARMEM_EVICT_BEHIND")) {
+    auto r = parse_uint(v, "FARMEM_EVICT_BEHIND", 0, 1);
+    if (!r.ok()) return r.status();
+    c.evict_behind = *r == 1;
+  }
   if (const char* v = getenv("FARMEM_ZERO_PAGE")) {
     auto r = parse_uint(v, "FARMEM_ZERO_PAGE", 0, 1);
     if (!r.ok()) return r.status();

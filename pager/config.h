@@ -79,6 +79,12 @@ struct PagerConfig {
   // again. 0: every block is demoted at every pass (FIFO + victim cache).
   uint32_t hot_laps = 2;
   bool refault_hot = true;
+  // With prefetch: the evictor takes blocks a confirmed sequential stream
+  // mapped ahead and has since passed (a window's length behind it and
+  // more) before the oldest ones (pager/evictor.h "Eviction behind
+  // streams"), so that a loop a little larger than the budget keeps most of
+  // itself resident instead of cycling through all of it.
+  bool evict_behind = true;
   // An idle handler waits in a blocking read() of the uffd (one syscall per
   // fault) when the kernel lets the busy ones read without blocking (fault_path.h
   // "Idle handlers block in read()"); false keeps ppoll() + read() (tests).

@@ -523,6 +523,9 @@ class Pager {
   // every block; laps for all would be FIFO again).
   std::atomic<int64_t> hot_blocks_{0};
   int64_t hot_cap_ = 0;
+  // How far behind a stream's latest fault the evictor takes blocks from
+  // (evictor.h "Eviction behind streams").
+  uint32_t behind_gap_ = 0;
   uint64_t victim_target_ = 0;  // the largest victim cache (config.victim_fraction)
   // Adaptive victim cache: the smallest target, the current one (written by
   // the evictor only, read by tests), and the evictor's counter snapshots at

@@ -85,6 +85,9 @@ Status Pager<B>::init() {
   // a window is a small share of the budget ("Prefetch windows" in prefetch_path.h).
   cfg_.prefetch_max_window = static_cast<uint32_t>(
       std::min<int64_t>(cfg_.prefetch_max_window, std::max<int64_t>(32, budget_blocks_ / 16)));
+  // The program is at or past its stream's latest fault (what the stream
+  // mapped ahead takes no fault); blocks are taken from a little behind it.
+  behind_gap_ = std::min<uint32_t>(64, cfg_.prefetch_max_window);
   victim_target_ =
       static_cast<uint64_t>(cfg_.victim_fraction * static_cast<double>(budget_blocks_));
   // Start small: a working set that fits (or nearly) never pays for a large

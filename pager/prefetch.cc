@@ -232,6 +232,27 @@ bool Prefetcher::still_ahead(uint32_t stream, uint32_t b) {
   return st >= 1 && st <= static_cast<int64_t>(s.window);
 }
 
+size_t Prefetcher::behind(uint32_t gap, uint32_t span, uint32_t* out, size_t cap) {
+  std::lock_guard<std::mutex> lk(mu_);
+  int order[kStreams];
+  int n = 0;
+  for (int i = 0; i < kStreams; ++i) {
+    const Stream& s = streams_[i];
+    if (s.last >= 0 && s.dir != 0 && s.confirmed) order[n++] = i;
+  }
+  std::sort(order, order + n, [&](int x, int y) { return streams_[x].stamp > streams_[y].stamp; });
+  size_t k = 0;
+  for (int j = 0; j < n && k < cap; ++j) {
+    const Stream& s = streams_[order[j]];
+    for (uint32_t d = gap; d < gap + span && k < cap; ++d) {
+      const int64_t b = s.last - s.dir * static_cast<int64_t>(d);
+      if (b < 0 || b >= static_cast<int64_t>(n_blocks_)) break;
+      out[k++] = static_cast<uint32_t>(b);
+    }
+  }
+  return k;
+}
+
 uint32_t Prefetcher::stream_window(uint32_t b) {
   std::lock_guard<std::mutex> lk(mu_);
   const int i = match_locked(b);

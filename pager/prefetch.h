@@ -85,6 +85,13 @@ class Prefetcher {
   // then.
   bool still_ahead(uint32_t stream, uint32_t b);
 
+  // Eviction behind streams: up to cap blocks from behind the confirmed
+  // sequential streams (the most recently used first), for each the blocks
+  // from gap to gap + span - 1 steps behind its latest fault, nearest
+  // first, inside [0, n_blocks). The evictor takes those still mapped
+  // ahead by a stream (pager/evictor.h "Eviction behind streams").
+  size_t behind(uint32_t gap, uint32_t span, uint32_t* out, size_t cap);
+
   // The trend detector's window (statistics; read racily).
   uint32_t window() const { return window_; }
   // The window of the stream that block b would continue, 0 when none

@@ -71,6 +71,7 @@ void PagerCounters::snapshot(PagerStats* s) const {
   s->hot_marked = ld(hot_marked);
   s->refaults_hot = ld(refaults_hot);
   s->hot_passes = ld(hot_passes);
+  s->evicted_behind = ld(evicted_behind);
 }
 
 std::string PagerStats::to_string() const {
@@ -83,7 +84,7 @@ std::string PagerStats::to_string() const {
       "%llu in %llu fallbacks %llu\n"
       "io: reads %llu (%llu B) writes %llu (%llu B)\n"
       "prefetch: issued %llu used %llu mapped %llu unused %llu written-ahead %llu\n"
-      "access: hot marked %llu refaults %llu passes %llu\n"
+      "access: hot marked %llu refaults %llu passes %llu behind streams %llu\n"
       "memory: resident %llu B (peak %llu) of budget %llu B; remote %llu B",
       static_cast<unsigned long long>(faults_zero), static_cast<unsigned long long>(zero_around),
       static_cast<unsigned long long>(zero_mapped),
@@ -106,7 +107,8 @@ std::string PagerStats::to_string() const {
       static_cast<unsigned long long>(prefetch_unused),
       static_cast<unsigned long long>(prefetch_written_ahead),
       static_cast<unsigned long long>(hot_marked), static_cast<unsigned long long>(refaults_hot),
-      static_cast<unsigned long long>(hot_passes), static_cast<unsigned long long>(resident_bytes),
+      static_cast<unsigned long long>(hot_passes), static_cast<unsigned long long>(evicted_behind),
+      static_cast<unsigned long long>(resident_bytes),
       static_cast<unsigned long long>(resident_peak_bytes),
       static_cast<unsigned long long>(budget_bytes), static_cast<unsigned long long>(remote_bytes));
   return buf;

@@ -79,6 +79,9 @@ struct PagerStats {
   uint64_t hot_marked = 0;
   uint64_t refaults_hot = 0;
   uint64_t hot_passes = 0;
+  // Blocks demoted from behind a sequential stream instead of the list's
+  // tail (pager/evictor.h "Eviction behind streams").
+  uint64_t evicted_behind = 0;
   // Memory.
   uint64_t resident_bytes = 0;  // mapped blocks + occupied victim slots (+ fetches in flight)
   uint64_t resident_peak_bytes = 0;
@@ -101,7 +104,7 @@ struct alignas(64) PagerCounters {
   std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0};
   std::atomic<uint64_t> prefetch_issued{0}, prefetch_used{0}, prefetch_unused{0},
       prefetch_mapped{0}, prefetch_written_ahead{0};
-  std::atomic<uint64_t> hot_marked{0}, refaults_hot{0}, hot_passes{0};
+  std::atomic<uint64_t> hot_marked{0}, refaults_hot{0}, hot_passes{0}, evicted_behind{0};
 
   static void bump(std::atomic<uint64_t>& c, uint64_t n = 1) {
     c.fetch_add(n, std::memory_order_relaxed);

@@ -361,9 +361,10 @@ void print_stats() {
     const farmem::PagerStats ps = rt->backing().stats();
     snprintf(msg, sizeof msg,
              "farmem: stats: access tracking: %llu victim hits kept mapped, %llu refaults, "
-             "%llu tail passes without a demotion (FARMEM_HOT_LAPS)\n",
+             "%llu tail passes without a demotion (FARMEM_HOT_LAPS), %llu evicted from behind "
+             "a stream (FARMEM_EVICT_BEHIND)\n",
              (unsigned long long)ps.hot_marked, (unsigned long long)ps.refaults_hot,
-             (unsigned long long)ps.hot_passes);
+             (unsigned long long)ps.hot_passes, (unsigned long long)ps.evicted_behind);
     write_stderr(msg);
   }
   mm_print_stats(msg, sizeof msg);
