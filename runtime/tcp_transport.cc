@@ -151,7 +151,9 @@ struct TcpTransport::Queue::Conn {
   size_t send_off = 0;
   uint64_t next_tag = 1;
 
-  std::vector<uint8_t> rx;
+  // Not zero-filled: its pages are touched (resident) only as far as
+  // replies reach, not all 64 KiB when the connection opens.
+  std::unique_ptr<uint8_t[]> rx;
   size_t rpos = 0;  // first unparsed byte
   size_t rlen = 0;  // end of received bytes
   Rx rstate = Rx::kHeader;
@@ -231,7 +233,7 @@ TcpTransport::Queue::Conn* TcpTransport::Queue::conn_for(const Server& server) {
   c->server = server.id;
   c->donor = server.session->endpoint().to_string();
   c->fifo.resize(depth_);
-  c->rx.resize(kRxBufferSize);
+  c->rx.reset(new uint8_t[kRxBufferSize]);
   auto fd = server.session->open_data_connection();
   if (!fd.ok()) {
     FARMEM_LOG(kWarn, "tcp transport: server %u: %s; its ops on this queue fail with unavailable",
@@ -342,7 +344,7 @@ bool TcpTransport::Queue::parse(Conn& c) {
         }
         wire::Header h;
         const char* why = "";
-        if (wire::decode_header(c.rx.data() + c.rpos, &h, &why) != Errc::kOk) {
+        if (wire::decode_header(c.rx.get() + c.rpos, &h, &why) != Errc::kOk) {
           kill(c, why, 0);
           return false;
         }
@@ -370,7 +372,7 @@ bool TcpTransport::Queue::parse(Conn& c) {
       case Conn::Rx::kData: {
         const Slot& s = slots_[c.at(c.head)];
         const size_t take = std::min<size_t>(avail, c.payload_len - c.got);
-        std::memcpy(static_cast<uint8_t*>(s.op.local) + c.got, c.rx.data() + c.rpos, take);
+        std::memcpy(static_cast<uint8_t*>(s.op.local) + c.got, c.rx.get() + c.rpos, take);
         c.rpos += take;
         c.got += static_cast<uint32_t>(take);
         if (c.got < c.payload_len) return true;
@@ -380,7 +382,7 @@ bool TcpTransport::Queue::parse(Conn& c) {
       }
       case Conn::Rx::kError: {
         const size_t take = std::min<size_t>(avail, c.payload_len - c.got);
-        std::memcpy(c.err + c.got, c.rx.data() + c.rpos, take);
+        std::memcpy(c.err + c.got, c.rx.get() + c.rpos, take);
         c.rpos += take;
         c.got += static_cast<uint32_t>(take);
         if (c.got < c.payload_len) return true;
@@ -409,7 +411,7 @@ void TcpTransport::Queue::receive(Conn& c) {
       c.rpos = c.rlen = 0;
     } else if (c.rpos > 0) {
       // parse() leaves at most part of a header behind.
-      std::memmove(c.rx.data(), c.rx.data() + c.rpos, c.rlen - c.rpos);
+      std::memmove(c.rx.get(), c.rx.get() + c.rpos, c.rlen - c.rpos);
       c.rlen -= c.rpos;
       c.rpos = 0;
     }
@@ -422,8 +424,8 @@ void TcpTransport::Queue::receive(Conn& c) {
       direct = c.payload_len - c.got;
       iov[n++] = iovec{static_cast<uint8_t*>(s.op.local) + c.got, direct};
     }
-    iov[n++] = iovec{c.rx.data() + c.rlen, c.rx.size() - c.rlen};
-    const size_t want = direct + (c.rx.size() - c.rlen);
+    iov[n++] = iovec{c.rx.get() + c.rlen, kRxBufferSize - c.rlen};
+    const size_t want = direct + (kRxBufferSize - c.rlen);
     msghdr m{};
     m.msg_iov = iov;
     m.msg_iovlen = static_cast<size_t>(n);
