@@ -73,7 +73,7 @@
 // (Prefetcher::behind(): the most recently used streams first, from
 // behind_gap_ = 64 blocks (at most a prefetch window) behind a stream's
 // latest fault, which the program is at or past since what the stream
-// mapped ahead takes no fault, to one batch further), and only then the
+// mapped ahead takes no fault, to four batches further), and only then the
 // tail of the active list. A block qualifies
 // when it is Present and on the active list (not pinned, not a zero-page
 // block) and either the stream mapped it ahead (kPrefetched: no fault of
@@ -83,12 +83,14 @@
 // used again soon after all comes back with a victim fault and its laps
 // (a victim hit clears kPrefetched). Counted in evicted_behind.
 // Measured: tests/pager/pager_access_test.cc's loop of 1.25 budgets, 6
-// read passes: 13.4-13.7k READs against 21.8-22.7k without (a gap of two
-// windows + 32: 14.0-15.0k); bench/eval scan (64 MiB, 2 passes) at a 62.4
-// MiB budget: 120-125 -> 63-77 MiB read; GNU sort -S 1G of 3M lines at
-// 179M (tcp): remote faults 15.1-20.5k -> 12.0-13.7k, victim faults
-// 13.3-13.6k -> 8.1-10.5k, 2.17-2.87 -> 1.72-2.08 s; xz -7 at 93M and 101M
-// and eval kv at 100% unchanged (few or no streams).
+// read passes: 11.4-11.9k READs against 20.3-23.7k without (one batch
+// behind instead of four: 13.4-15.1k; a gap of two windows + 32 too:
+// 14.0-15.0k; the candidates shared out between the streams instead of
+// the most recent first: 14.4-15.0k); bench/eval scan (64 MiB, 2 passes) at
+// a 62.4 MiB budget: 124-125 -> 40-52 MiB read, 0.19 -> 0.074-0.083 s; GNU
+// sort -S 1G of 3M lines at 179M (tcp): remote faults 17.4-23.2k ->
+// 11.0-14.8k, 2.33-3.00 -> 1.87-1.89 s; xz -7 at 93M and 101M and eval kv
+// at 100% unchanged (few or no streams).
 //
 // Eviction batching. What a demotion costs here is its TLB flushes: on
 // these machines (a paravirtualised guest, Linux 6.18) the kernel flushes
@@ -433,11 +435,15 @@ size_t Pager<B>::demote_batch(size_t max, size_t* dropped) {
   while (ns < max + fill_max && (slots[ns] = alloc_slot(&empty[ns])) != kNoSlot) ++ns;
   size_t n = 0, passes = 0;
   // Candidates behind the confirmed streams ("Eviction behind streams").
-  uint32_t behind[kMaxPick];
+  // Four batches' worth of them, nearest first: right after a loop starts
+  // over, the blocks just behind the stream that ended are gone already and
+  // the new stream has not moved far yet, and the ones further behind are
+  // what the new pass needs last.
+  uint32_t behind[4 * kMaxPick];
   size_t nb = 0;
   if (cfg_.evict_behind && prefetcher_ != nullptr && ns > 0) {
-    nb = prefetcher_->behind(behind_gap_, static_cast<uint32_t>(std::min(ns, max)), behind,
-                             std::min(ns, max));
+    const size_t span = 4 * std::min(ns, max);
+    nb = prefetcher_->behind(behind_gap_, static_cast<uint32_t>(span), behind, span);
   }
   {
     std::lock_guard<std::mutex> lk(list_mu_);
