@@ -449,18 +449,12 @@ size_t Pager<B>::demote_batch(size_t max, size_t* dropped) {
     std::lock_guard<std::mutex> lk(list_mu_);
     const size_t pick = ns < max ? ns : max;
     // A block a stream mapped ahead (kPrefetched: not since touched by a
-    // fault of its own, nor pinned, nor on no list as a zero-page block)
-    // and left behind: taken whatever its laps. Present and not pinned
-    // means on the active list (it is put there before it becomes Present).
+    // fault of its own) and left behind: taken whatever its laps.
     for (size_t i = 0; i < nb && n < pick; ++i) {
       const uint32_t b = behind[i];
-      uint32_t w = pt_.load(b);
-      if (PageTable::state_of(w) != PageState::kPresent || (w & PageTable::kPinned) ||
-          (w & PageTable::kZeroMapped) || (!(w & PageTable::kPrefetched) && pt_.hot_laps(b) > 0)) {
-        continue;
-      }
-      if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kDemoting))) continue;
-      active_.remove(b);
+      const uint32_t w = pt_.load(b);
+      if (!(w & PageTable::kPrefetched) && pt_.hot_laps(b) > 0) continue;
+      if (!take_listed(b, w)) continue;
       blocks[n] = b;
       words[n] = w;
       ++n;
@@ -637,15 +631,8 @@ size_t Pager<B>::fill_gaps(uint32_t* blocks, uint32_t* words, size_t n, size_t c
     const uint32_t lo = sorted[i], hi = sorted[i + 1];
     if (hi - lo < 2 || hi - lo > 3) continue;
     for (uint32_t g = lo + 1; g < hi && out < cap; ++g) {
-      uint32_t w = pt_.load(g);
-      // Present and unpinned: on the active list (blocks are pushed before
-      // they turn Present and taken off it before they are pinned).
-      if (PageTable::state_of(w) != PageState::kPresent ||
-          (w & (PageTable::kPinned | PageTable::kZeroMapped))) {
-        continue;
-      }
-      if (!pt_.try_transition(g, w, PageTable::with_state(w, PageState::kDemoting))) continue;
-      active_.remove(g);
+      const uint32_t w = pt_.load(g);
+      if (!take_listed(g, w)) continue;
       blocks[out] = g;
       words[out] = w;
       ++out;
@@ -653,6 +640,21 @@ size_t Pager<B>::fill_gaps(uint32_t* blocks, uint32_t* words, size_t n, size_t c
   }
   if (out > n) counters_gap_fill_.fetch_add(out - n, std::memory_order_relaxed);
   return out;
+}
+
+template <TransportBackend B>
+bool Pager<B>::take_listed(uint32_t b, uint32_t w) {
+  // Present and unpinned: on the active list (blocks are pushed before
+  // they turn Present and taken off it before they are pinned); a zero-page
+  // block is on no list.
+  if (PageTable::state_of(w) != PageState::kPresent ||
+      (w & (PageTable::kPinned | PageTable::kZeroMapped))) {
+    return false;
+  }
+  uint32_t expect = w;
+  if (!pt_.try_transition(b, expect, PageTable::with_state(w, PageState::kDemoting))) return false;
+  active_.remove(b);
+  return true;
 }
 
 // Blocks read ahead into the victim cache and not faulted on yet (a

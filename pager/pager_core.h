@@ -496,6 +496,10 @@ class Pager {
   // off the active list) and appends them (words alongside), up to cap
   // blocks in all; returns the new count.
   size_t fill_gaps(uint32_t* blocks, uint32_t* words, size_t n, size_t cap);
+  // Under list_mu_: b, whose word was w, taken off the active list for a
+  // demotion (Present -> Demoting) when it is a Present, unpinned, not
+  // zero-page block, i.e. on that list; false otherwise or if it changed.
+  bool take_listed(uint32_t b, uint32_t w);
   size_t drop_victims(size_t max);
   // Drops the pages of up to max free slots (oldest frees first) and
   // returns the room that freed in resident_.
