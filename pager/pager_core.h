@@ -207,11 +207,13 @@ class Pager {
   // blocks) for demand faults, the victim cache and prefetch.
   uint64_t pin_limit_bytes() const { return static_cast<uint64_t>(pin_limit_blocks_) * block_; }
   // The victim cache's current target (see "Adaptive victim cache" in evictor.h): between
-  // victim_min_bytes() and config.victim_fraction of the budget.
+  // victim_min_bytes() (victim_floor_bytes() while nothing is read ahead) and
+  // config.victim_fraction of the budget.
   uint64_t victim_target_bytes() const {
     return victim_cur_.load(std::memory_order_relaxed) * block_;
   }
   uint64_t victim_min_bytes() const { return victim_min_ * block_; }
+  uint64_t victim_floor_bytes() const { return victim_floor_ * block_; }
   // True while the evictor keeps more headroom than its minimum of two
   // write-back batches (faults waited lately; see evictor_main()). Tests.
   bool eviction_pressure() const {
@@ -531,12 +533,17 @@ class Pager {
   // (evictor.h "Eviction behind streams").
   uint32_t behind_gap_ = 0;
   uint64_t victim_target_ = 0;  // the largest victim cache (config.victim_fraction)
-  // Adaptive victim cache: the smallest target, the current one (written by
-  // the evictor only, read by tests), and the evictor's counter snapshots at
-  // the start of the current epoch (adapt_victims()).
+  // Adaptive victim cache: the smallest target while read-ahead waits in
+  // it (victim_min_: a write-back batch and a prefetch window) and while
+  // none does (victim_floor_: a write-back batch), the current one (written
+  // by the evictor only, read by tests), and the evictor's counter snapshots
+  // at the start of the current epoch (adapt_victims()) and of its last
+  // round (evict_round(): prefetches issued).
   uint64_t victim_min_ = 0;
+  uint64_t victim_floor_ = 0;
   std::atomic<uint64_t> victim_cur_{0};
   uint64_t ctl_victim0_ = 0, ctl_used0_ = 0, ctl_remote0_ = 0, ctl_waited0_ = 0;
+  uint64_t ctl_issued0_ = 0, round_issued0_ = 0;
   // The evictor's headroom below the budget (blocks; evictor_main()):
   // written by the evictor, read by tests. It halves after each
   // kPressureNs without a fault that waited.

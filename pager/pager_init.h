@@ -92,11 +92,14 @@ Status Pager<B>::init() {
       static_cast<uint64_t>(cfg_.victim_fraction * static_cast<double>(budget_blocks_));
   // Start small: a working set that fits (or nearly) never pays for a large
   // victim cache; thrashing grows it within a few epochs. Not below a
-  // write-back batch plus, with prefetch, one prefetch window: prefetched
-  // blocks wait in the victim cache, and a smaller one drops them unused.
+  // write-back batch plus, with prefetch, one prefetch window while blocks
+  // are read ahead: they wait in the victim cache, and a smaller one drops
+  // them unused. Without read-ahead, not below a write-back batch
+  // (victim_floor_, evictor.h "Adaptive victim cache").
   victim_min_ = std::min<uint64_t>(victim_target_,
                                    std::max<uint64_t>(16, cfg_.writeback_batch) +
                                        (cfg_.prefetch ? uint64_t{cfg_.prefetch_max_window} : 0));
+  victim_floor_ = std::min<uint64_t>(victim_min_, std::max<uint64_t>(16, cfg_.writeback_batch));
   victim_cur_.store(victim_min_, std::memory_order_relaxed);
   pin_limit_blocks_ = std::max<int64_t>(0, low_blocks_ - std::max<int64_t>(budget_blocks_ / 4, 16));
   uint64_t slots = victim_target_ + 2ull * cfg_.writeback_batch +

@@ -12,9 +12,12 @@
 //   settles: once no fault has waited for 100 ms, passes over it take no
 //   fault at all (exact count), and the data is byte-exact;
 // - thrashing grows the victim cache to its configured share;
+// - without read-ahead its floor is a write-back batch, with read-ahead a
+//   batch and a prefetch window;
 // - resident never above the budget (sampled, and the exact peak).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <random>
@@ -142,6 +145,43 @@ TEST(PagerBudget, ThrashingGrowsTheVictimCacheToItsShare) {
   const PagerStats s = p.stats();
   EXPECT_GT(s.faults_remote, 10000u) << s.to_string();
   EXPECT_EQ(p.victim_target_bytes(), share) << s.to_string();
+}
+
+// Without read-ahead the victim cache's floor is a write-back batch, not
+// a batch and a prefetch window: random accesses over a set a little
+// larger than the budget (victim faults outnumber remote ones) shrink the
+// target below victim_min_bytes(); a sequential scan (blocks read ahead
+// wait in the victim cache) brings it back to victim_min_bytes() at least.
+// The data stays byte-exact throughout.
+TEST(PagerBudget, VictimFloorHoldsAWindowOnlyWhileReadingAhead) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  constexpr size_t kBudget = 1024, kSet = 1100, kScan = 4096;
+  LoopbackRig rig;
+  P& p = rig.start(small_config(kBudget, 2 * kScan));
+  ASSERT_GT(p.victim_min_bytes(), p.victim_floor_bytes());
+  ASSERT_EQ(p.victim_floor_bytes(), uint64_t{p.config().writeback_batch} * kPage);
+  auto* mem = static_cast<volatile uint8_t*>(p.base());
+  for (size_t pg = 0; pg < kSet; ++pg) mem[pg * kPage + 7] = static_cast<uint8_t>(pg * 3);
+  std::mt19937 rng(11);
+  uint64_t lowest = p.victim_target_bytes();
+  for (int i = 0; i < 60000; ++i) {
+    const size_t pg = rng() % kSet;
+    ASSERT_EQ(mem[pg * kPage + 7], static_cast<uint8_t>(pg * 3)) << "page " << pg;
+    lowest = std::min(lowest, p.victim_target_bytes());
+  }
+  const PagerStats s = p.stats();
+  ASSERT_GT(s.faults_victim + s.faults_remote, 1000u) << s.to_string();
+  EXPECT_LT(lowest, p.victim_min_bytes()) << s.to_string();
+  EXPECT_GE(lowest, p.victim_floor_bytes()) << s.to_string();
+  // A scan over four budgets: read ahead, so the floor is a window again.
+  for (size_t pg = kSet; pg < kScan; ++pg) mem[pg * kPage + 7] = static_cast<uint8_t>(pg * 3);
+  const uint64_t issued0 = p.stats().prefetch_issued;
+  for (size_t pg = 0; pg < kScan; ++pg) {
+    ASSERT_EQ(mem[pg * kPage + 7], static_cast<uint8_t>(pg * 3)) << "page " << pg;
+  }
+  const PagerStats t = p.stats();
+  ASSERT_GT(t.prefetch_issued - issued0, 256u) << t.to_string();
+  EXPECT_GE(p.victim_target_bytes(), p.victim_min_bytes()) << t.to_string();
 }
 
 // The victim cache's bookkeeping is sized by the budget (8 bytes a slot:
