@@ -350,17 +350,19 @@ void Pager<B>::evictor_main() {
 // victim faults exceed a quarter of the remote ones, and grows it by a
 // quarter otherwise, between its floor and config.victim_fraction of
 // the budget. The floor is a write-back batch and a prefetch window
-// (victim_min_) while blocks are read ahead, since they wait there, and a
-// write-back batch (victim_floor_) in an epoch without read-ahead: at a
-// working set that nearly fits, the window's worth of unmapped blocks was
-// most of the faults. Measured (eval kv --mib 64 --ops 3000000 over tcp,
-// two runs each): at FARMEM_LOCAL_MEM=64M, its table's size, victim faults
-// 25-26k -> 6.2-6.4k, remote 5.9-7.6k -> 4.6-4.8k, wall 1.32 -> 0.85 s (the
-// main thread asleep in faults 0.41-0.47 -> 0.21-0.25 s); at 62.3 MiB
-// (eval's 100% cell) victim faults 30k -> 12k, remote 40k either way, wall
-// 2.67-2.82 -> 2.22-2.33 s. xz -7 -T1 at 70%: within noise (70.4 / 72.6 s).
-// Blocks read ahead since the evictor's last round raise the target at
-// once by as many (up to victim_min_; evict_round()). A smaller target
+// (victim_min_), since blocks read ahead wait there; it is a write-back
+// batch (victim_floor_) in an epoch with no read-ahead and more victim
+// faults than remote ones: a working set that nearly fits, where the
+// window's worth of unmapped blocks was most of the faults. Measured (eval
+// kv --mib 64 --ops 3000000 over tcp) at FARMEM_LOCAL_MEM=64M, its table's
+// size: victim faults 25-26k -> 6.9-11.8k, wall 1.32-1.38 -> 1.01-1.15 s,
+// the main thread asleep in faults 0.41-0.47 -> 0.31 s. Without the
+// "more victim faults" condition, GNU sort at eval's 100% (one budget
+// below the heap) took 2.9-3.2k remote faults instead of 1.9-2.4k (and
+// 0.9k victim faults instead of 1.7-2.2k); kv at 62.3 MiB gained nothing
+// either way (2.51-2.57 s). Blocks read ahead since the evictor's last
+// round raise the target at once by as many (up to victim_min_;
+// evict_round()). A smaller target
 // pushes no victim out: the cache drains by re-faults and drops. The same
 // controller runs in the model (simulate_victim_adaptive, one floor; hit
 // ratios in tests/pager/pager_budget_test.cc).
@@ -375,7 +377,8 @@ void Pager<B>::adapt_victims() {
   const uint64_t dr = r - ctl_remote0_;
   if (dv + dr < kVictimEpochFaults) return;  // too little evidence yet
   const uint64_t issued = counters_.prefetch_issued.load(std::memory_order_relaxed);
-  const uint64_t lo = std::min(victim_min_, victim_floor_ + (issued - ctl_issued0_));
+  const uint64_t lo =
+      dv > dr ? std::min(victim_min_, victim_floor_ + (issued - ctl_issued0_)) : victim_min_;
   ctl_victim0_ = v;
   ctl_used0_ = u;
   ctl_remote0_ = r;

@@ -94,8 +94,8 @@ Status Pager<B>::init() {
   // victim cache; thrashing grows it within a few epochs. Not below a
   // write-back batch plus, with prefetch, one prefetch window while blocks
   // are read ahead: they wait in the victim cache, and a smaller one drops
-  // them unused. Without read-ahead, not below a write-back batch
-  // (victim_floor_, evictor.h "Adaptive victim cache").
+  // them unused. Without read-ahead, at a set that nearly fits, not below a
+  // write-back batch (victim_floor_, evictor.h "Adaptive victim cache").
   victim_min_ = std::min<uint64_t>(victim_target_,
                                    std::max<uint64_t>(16, cfg_.writeback_batch) +
                                        (cfg_.prefetch ? uint64_t{cfg_.prefetch_max_window} : 0));
