@@ -34,7 +34,10 @@ peak RSS includes the in-process donor's memory, so it is not comparable
 
 Per cell: wall, user and system time (wait4), peak RSS, ratio to plain and
 to swap at the same R; farmem's counters from its FARMEM_STATS summary on
-stderr (faults by kind, evictions, traffic) plus the last snapshot of its
+stderr (faults by kind, evictions, traffic, and the main thread's time
+asleep: page faults served, I/O, locks; a CPU-bound program's share of a
+run that farmem cost, steadier than wall times on a machine whose speed
+drifts) plus the last snapshot of its
 stats socket (polled each second: prefetch, waited faults; a cell killed at
 its timeout has only that snapshot) and farmemd's CPU time; swap's major
 faults, swap-ins and swap-outs. A cell is given max(--timeout-factor
@@ -193,6 +196,11 @@ def parse_summary(text):
     if m:
         out.update(evictions_clean=int(m.group(1)), evictions_dirty=int(m.group(2)),
                    bytes_read=_size(m.group(3)), bytes_written=_size(m.group(4)))
+    m = re.search(r"main thread: ([\d.]+) s on a CPU, ([\d.]+) s waiting for one, "
+                  r"([\d.]+) s asleep", text)
+    if m:
+        out.update(main_cpu_s=float(m.group(1)), main_runq_s=float(m.group(2)),
+                   main_asleep_s=float(m.group(3)))
     return out
 
 
@@ -684,7 +692,7 @@ CSV_FIELDS = ["workload", "system", "ratio", "status", "wall_s", "user_s", "sys_
               "faults_victim", "faults_wp", "faults_waited", "evictions_clean",
               "evictions_dirty", "bytes_read", "bytes_written", "prefetch_issued",
               "prefetch_used", "zero_around", "populated_bytes", "resident_peak_bytes",
-              "local_part_bytes", "farmemd_cpu_s", "pgmajfault", "pswpin",
+              "local_part_bytes", "farmemd_cpu_s", "main_asleep_s", "pgmajfault", "pswpin",
               "pswpout", "zswpin", "zswpout", "checksum", "reason"]
 
 
@@ -754,9 +762,9 @@ def markdown(meta, cells):
           "| off | x plain | cpu x plain | x swap "
           "| farmem faults remote/victim/wp/zero/waited | evictions clean/dirty "
           "| MiB read/written | prefetch issued/used | farmemd cpu s "
-          "| swap majflt/swapin/zswapin |",
+          "| main thread asleep s | swap majflt/swapin/zswapin |",
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
-          "--- | --- | --- | --- | --- |"]
+          "--- | --- | --- | --- | --- | --- |"]
     for c in cells:
         def g(k, fmt="%d"):
             v = c.get(k)
@@ -780,7 +788,7 @@ def markdown(meta, cells):
             "%.0f/%.0f" % (c.get("bytes_read", 0) / MiB, c.get("bytes_written", 0) / MiB)
             if fm else "",
             "%s/%s" % (g("prefetch_issued"), g("prefetch_used")) if fm else "",
-            g("farmemd_cpu_s", "%.2f"),
+            g("farmemd_cpu_s", "%.2f"), g("main_asleep_s", "%.2f"),
             "%d/%d/%d" % (c.get("pgmajfault", 0), c.get("pswpin", 0), c.get("zswpin", 0))
             if sw else ""]))
     notes = [c for c in cells if c["status"] not in ("ok",) and c.get("reason")]
