@@ -355,8 +355,8 @@ void Pager<B>::evictor_main() {
 // faults than remote ones: a working set that nearly fits, where the
 // window's worth of unmapped blocks was most of the faults. Measured (eval
 // kv --mib 64 --ops 3000000 over tcp) at FARMEM_LOCAL_MEM=64M, its table's
-// size: victim faults 25-26k -> 6.9-11.8k, wall 1.32-1.38 -> 1.01-1.15 s,
-// the main thread asleep in faults 0.41-0.47 -> 0.31 s. Without the
+// size: victim faults 25-26k -> 11.3-11.8k, wall 1.32-1.38 -> 1.01-1.05 s,
+// the main thread asleep in faults 0.41-0.47 -> 0.31-0.36 s. Without the
 // "more victim faults" condition, GNU sort at eval's 100% (one budget
 // below the heap) took 2.9-3.2k remote faults instead of 1.9-2.4k (and
 // 0.9k victim faults instead of 1.7-2.2k); kv at 62.3 MiB gained nothing
