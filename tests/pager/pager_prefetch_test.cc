@@ -277,7 +277,11 @@ TEST(PagerPrefetchTest, ReadModifyWriteStreamLearnsToMapWritable) {
   FARMEM_SKIP_WITHOUT_UFFD();
   const size_t with = wp_faults_of_rmw_pass_after_a_read_pass(true);
   const size_t without = wp_faults_of_rmw_pass_after_a_read_pass(false);
-  EXPECT_LT(with, kLen / 4) << "learning on";
+  // Learning on: 300-930 WP faults in 48 runs on an idle machine, 1134 and
+  // 1253 at the tail (one of them in CI under ASan, when the bound was
+  // kLen / 4); without it every block takes one (~kLen).
+  EXPECT_LT(with, kLen / 2) << "learning on";
+  EXPECT_LT(2 * with, without) << "learning on, against the control";
   EXPECT_GT(without, kLen / 2) << "control: every block mapped ahead write-protected";
 }
 
