@@ -362,10 +362,10 @@ void Pager<B>::evictor_main() {
 // 0.9k victim faults instead of 1.7-2.2k); kv at 62.3 MiB gained nothing
 // either way (2.51-2.57 s). Blocks read ahead since the evictor's last
 // round raise the target at once by as many (up to victim_min_;
-// evict_round()). A smaller target
-// pushes no victim out: the cache drains by re-faults and drops. The same
-// controller runs in the model (simulate_victim_adaptive, one floor; hit
-// ratios in tests/pager/pager_budget_test.cc).
+// evict_round()). A smaller target pushes no victim out: the cache drains
+// by re-faults and drops. The same controller runs in the model
+// (simulate_victim_adaptive, one floor; hit ratios in
+// tests/pager/pager_budget_test.cc).
 template <TransportBackend B>
 void Pager<B>::adapt_victims() {
   const uint64_t v = counters_.faults_victim.load(std::memory_order_relaxed);
@@ -377,8 +377,7 @@ void Pager<B>::adapt_victims() {
   const uint64_t dr = r - ctl_remote0_;
   if (dv + dr < kVictimEpochFaults) return;  // too little evidence yet
   const uint64_t issued = counters_.prefetch_issued.load(std::memory_order_relaxed);
-  const uint64_t lo =
-      dv > dr ? std::min(victim_min_, victim_floor_ + (issued - ctl_issued0_)) : victim_min_;
+  const uint64_t lo = dv > dr ? read_ahead_floor(issued - ctl_issued0_) : victim_min_;
   ctl_victim0_ = v;
   ctl_used0_ = u;
   ctl_remote0_ = r;
@@ -403,7 +402,7 @@ size_t Pager<B>::evict_round(int64_t floor) {
   // Blocks read ahead since the last round wait in the victim cache: room
   // for them at once (the epoch may be long), up to victim_min_.
   const uint64_t issued = counters_.prefetch_issued.load(std::memory_order_relaxed);
-  const uint64_t want_room = std::min(victim_min_, victim_floor_ + (issued - round_issued0_));
+  const uint64_t want_room = read_ahead_floor(issued - round_issued0_);
   round_issued0_ = issued;
   if (target < want_room) {
     target = want_room;

@@ -541,6 +541,11 @@ class Pager {
   // round (evict_round(): prefetches issued).
   uint64_t victim_min_ = 0;
   uint64_t victim_floor_ = 0;
+  // The victim cache's floor with `issued` blocks read ahead: room for them
+  // above victim_floor_, up to victim_min_.
+  uint64_t read_ahead_floor(uint64_t issued) const {
+    return std::min(victim_min_, victim_floor_ + issued);
+  }
   std::atomic<uint64_t> victim_cur_{0};
   uint64_t ctl_victim0_ = 0, ctl_used0_ = 0, ctl_remote0_ = 0, ctl_waited0_ = 0;
   uint64_t ctl_issued0_ = 0, round_issued0_ = 0;

@@ -3,6 +3,7 @@
 #
 #   source "$(dirname "${BASH_SOURCE[0]}")/preload_lib.sh"
 #   preload_check_env my_script          # FARMEMD / FARMEM_PRELOAD_LIB set, uffd usable (77 = skip)
+#   preload_check_uffd                   # uffd usable (77 = skip), for tests without a farmemd
 #   preload_workdir farmem-mine          # WORK (cwd), token, cleanup trap stopping DAEMONS
 #   preload_start_farmemd d0.log 1G 16M  # PORT, and its pid appended to DAEMONS
 #   ... run "$@" > out.ref and under LD_PRELOAD > out.far 2> err.far ...
@@ -16,6 +17,9 @@
 preload_check_env() {
   : "${FARMEMD:?set FARMEMD to the farmemd binary}"
   : "${FARMEM_PRELOAD_LIB:?set FARMEM_PRELOAD_LIB to libfarmem_preload.so}"
+  preload_check_uffd
+}
+preload_check_uffd() {
   if [[ ! -e /dev/userfaultfd && $(cat /proc/sys/vm/unprivileged_userfaultfd 2>/dev/null || echo 0) != 1 && $(id -u) != 0 ]]; then
     echo "SKIP: userfaultfd is not available to this user"
     exit 77

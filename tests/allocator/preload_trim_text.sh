@@ -13,12 +13,10 @@
 set -euo pipefail
 : "${FARMEM_PRELOAD_LIB:?set FARMEM_PRELOAD_LIB to libfarmem_preload.so}"
 fail() { echo "FAIL: $*" >&2; exit 1; }
-if [[ ! -e /dev/userfaultfd && $(cat /proc/sys/vm/unprivileged_userfaultfd 2>/dev/null || echo 0) != 1 && $(id -u) != 0 ]]; then
-  echo "SKIP: userfaultfd is not available to this user"
-  exit 77
-fi
-work=$(mktemp -d /tmp/farmem-trim.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/preload_lib.sh"
+preload_check_uffd
+preload_workdir farmem-trim
+work=$WORK
 lib=$(basename "$FARMEM_PRELOAD_LIB")
 # Prints the sum, then "maps SIZE_KIB RSS_KIB" for the library's executable
 # mappings.
