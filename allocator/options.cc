@@ -52,9 +52,10 @@ constexpr EnvVar kEnv[] = {
      "munmap, mremap, madvise(DONTNEED/FREE) and fork() working on them; mprotect to anything "
      "but read-write fails there with EACCES; 0 = off (every mmap goes to the kernel)"},
     {"FARMEM_STATS", "0", "preload: 1 prints a summary of far-memory use on stderr at exit"},
-    {"FARMEM_TRIM_TEXT", "1",
-     "preload: 1 keeps only the pages of the library's own code that are in use resident once "
-     "far memory has started (they compete with the heap for memory); 0 = leave them mapped"},
+    {"FARMEM_TRIM_TEXT", "2",
+     "preload: once far memory has started, the code and read-only data of every loaded object "
+     "(program, libraries, this library) stay resident only while in use: they compete with "
+     "the heap for memory (2); 1 = this library's only; 0 = leave them all mapped"},
     {"FARMEM_STATS_SOCKET", "1",
      "1 serves live statistics on a private Unix socket ($XDG_RUNTIME_DIR/farmem/PID.sock or "
      "/tmp/farmem-UID/PID.sock) for `farmemctl stats PID`; 0 = none"},
@@ -180,9 +181,9 @@ Result<FarOptions> options_from_env() {
     o.stats = *r == 1;
   }
   if (const char* v = getenv("FARMEM_TRIM_TEXT")) {
-    auto r = parse_uint(v, "FARMEM_TRIM_TEXT", 0, 1);
+    auto r = parse_uint(v, "FARMEM_TRIM_TEXT", 0, 2);
     if (!r.ok()) return r.status();
-    o.trim_text = *r == 1;
+    o.trim_text = static_cast<int>(*r);
   }
   if (const char* v = getenv("FARMEM_STATS_SOCKET")) {
     auto r = parse_uint(v, "FARMEM_STATS_SOCKET", 0, 1);

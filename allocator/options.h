@@ -55,10 +55,11 @@ struct FarOptions {
   // far memory (FARMEM_MMAP_MIN; preload/shim.cc, "Anonymous mmap"); 0: none.
   uint64_t mmap_min = 64 << 10;
   bool stats = false;  // summary on stderr at exit
-  // Drop this library's read-only pages once the runtime started, and map
-  // them back a page at a time as used (FARMEM_TRIM_TEXT; preload/shim.cc,
-  // "Our own text").
-  bool trim_text = true;
+  // Which read-only pages (code, constants) of the process stay resident
+  // only while in use once the runtime started (FARMEM_TRIM_TEXT;
+  // preload/shim.cc, "Code and read-only data"): 0 none, 1 this library's,
+  // 2 every loaded object's.
+  int trim_text = 2;
   NoDonorPolicy on_no_donor = NoDonorPolicy::kFail;
   // A Unix socket with live statistics for `farmemctl stats PID`
   // (FARMEM_STATS_SOCKET; fm_init with a config reads the variable too).

@@ -72,14 +72,17 @@
 #include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <new>
@@ -130,7 +133,8 @@ extern std::atomic<size_t> g_mmap_min;
 void mm_fork_lock();
 void mm_fork_unlock();
 void mm_init_self();
-void trim_own_text();
+void start_trimming();
+void trim_print_stats(char* buf, size_t n);
 void mm_print_stats(char* buf, size_t n);
 
 using UsableFn = size_t (*)(void*);
@@ -195,7 +199,7 @@ __attribute__((noinline)) void start_runtime() {
     g_state.store(kReady, std::memory_order_release);
     g_min_far.store(g_opts->min_far, std::memory_order_relaxed);
     FARMEM_LOG(kDebug, "preload: far memory ready: %s", rt->describe().c_str());
-    trim_own_text();
+    start_trimming();
     return;
   }
   if (g_opts->on_no_donor == farmem::NoDonorPolicy::kLocal) {
@@ -414,6 +418,8 @@ void print_stats() {
              (unsigned long long)ps.hot_passes, (unsigned long long)ps.evicted_behind);
     write_stderr(msg);
   }
+  trim_print_stats(msg, sizeof msg);
+  write_stderr(msg);
   mm_print_stats(msg, sizeof msg);
   write_stderr(msg);
   print_main_times(msg, sizeof msg);
@@ -856,24 +862,55 @@ void mm_init_self() {
   dl_iterate_phdr(&find_self, nullptr);
 }
 
-// ---- Our own text ------------------------------------------------------------
-// This library's code and read-only data (1.3 MiB of text: the pager, the
-// transports, a private jemalloc) are file pages, resident in the process
-// once touched, and so inside the same peak RSS as the heap a user budgets.
-// Start-up runs much of it once (options, connections, jemalloc's set-up),
-// and the kernel's fault-around maps the 16 pages around each one touched:
-// eval kv at a 61 MiB budget ended with 1192-1348 KiB of it resident, while
-// paging itself touched 78 pages (312 KiB, measured by dropping it all
-// mid-run). So once the runtime has started, trim_own_text() splits this
-// library's read-only segments into one mapping per page (MADV_RANDOM on
-// every second page: mappings with different flags do not merge, and
-// fault-around stops at a mapping's end) and drops them from the page
-// table (MADV_DONTNEED: unmodified file pages, which come back from the page
-// cache when touched). From then on a page of it is resident only if it was
-// used since. Cost: ~180 madvise calls once, one minor fault per page used
-// afterwards, ~350 more lines in /proc/PID/maps. Skipped under a debugger
-// (TracerPid in /proc/self/status): a breakpoint is a private copy of a text
-// page, and the drop would discard it. FARMEM_TRIM_TEXT=0: off.
+// ---- Code and read-only data ------------------------------------------------
+// The program's and its libraries' code and read-only data are file pages:
+// resident once touched, and so inside the same peak RSS as the heap a
+// user budgets, while a kernel under a memory limit reclaims the cold ones
+// first (they are clean: a later touch is a minor fault from the page
+// cache). Left alone, a process under farmem holds more of them than
+// without it (eval kv: libc, libm, libstdc++, ld.so and this library held
+// 3.6 MiB at exit against 2.4 MiB without farmem), for two reasons:
+//   - start-up and exit run code once (farmem's options, connections and
+//     jemalloc's set-up; the program's initialisation; destructors), and
+//     it stays resident;
+//   - the kernel's fault-around maps the 16 pages around each page touched
+//     (eval kv at exit: 816 KiB of libc's code resident, 188 KiB of it
+//     touched).
+// So once the runtime has started (FARMEM_TRIM_TEXT=2, the default):
+//   1. split: every loaded object's read-only segments are split into one
+//      mapping per page (MADV_RANDOM on every second page: mappings with
+//      different flags do not merge, and fault-around stops at a
+//      mapping's end), so a touch maps one page;
+//   2. drop: their resident pages leave the page table (MADV_DONTNEED; the
+//      pages stay in the page cache);
+// and then, from a thread of its own, every kTrimPeriodNs: drop again
+// (split first when objects were loaded since), so that what stays
+// resident is what was used in the last period. eval kv then ends at 1.0
+// MiB less peak RSS than without farmem, not 0.9 MiB more. Cost: one
+// minor fault per page of code used in a period (a few hundred a second),
+// one mapping per page in /proc/PID/maps (the splits stop at a quarter of
+// vm.max_map_count; objects past it are only dropped), a pagemap read of 8
+// bytes per page per pass.
+//
+// Safety. A page is dropped only when /proc/self/pagemap says it is a
+// present file page: a private copy (a relocated PT_GNU_RELRO page, a
+// debugger's breakpoint, text patched at run time) is anonymous and kept,
+// and writable segments and PT_GNU_RELRO are not even looked at. The walk
+// runs inside dl_iterate_phdr(), which holds the loader's lock, so no
+// object is unmapped under it (dlclose() unlinks an object under that lock
+// before it unmaps it). It runs in its own thread because that lock may be
+// held by a thread that waits on a far-memory fault: no pager thread ever
+// waits for it. Skipped under a debugger (TracerPid in /proc/self/status);
+// a fork()ed child has no trim thread. FARMEM_TRIM_TEXT=1: this library
+// only, once (the 1.3 MiB of the pager, the transports and a private
+// jemalloc, of which paging uses ~80 pages); 0: nothing.
+constexpr uint64_t kTrimPeriodNs = 1000000000;
+std::atomic<uint64_t> g_trim_passes{0};
+std::atomic<uint64_t> g_trim_bytes{0};  // resident file pages dropped
+int g_pagemap_fd = -1;
+int64_t g_split_room = 0;                 // pages we may still split (mappings to add)
+unsigned long long g_split_adds = ~0ull;  // dlpi_adds when objects were last split
+
 struct TrimRanges {
   uintptr_t b[8], e[8];  // read-only segments, whole pages
   int n = 0;
@@ -881,27 +918,42 @@ struct TrimRanges {
   int wn = 0;
 };
 
-int find_trim(struct dl_phdr_info* info, size_t, void* arg) {
-  const uintptr_t me = reinterpret_cast<uintptr_t>(&find_trim);
-  auto* t = static_cast<TrimRanges*>(arg);
-  TrimRanges found;
-  bool mine = false;
+TrimRanges trim_ranges(const struct dl_phdr_info* info) {
+  TrimRanges t;
   for (int i = 0; i < info->dlpi_phnum; ++i) {
     const auto& ph = info->dlpi_phdr[i];
     const uintptr_t b = info->dlpi_addr + ph.p_vaddr, e = b + ph.p_memsz;
-    if (ph.p_type == PT_LOAD && me >= b && me < e) mine = true;
     const bool keep = ph.p_type == PT_GNU_RELRO || (ph.p_type == PT_LOAD && (ph.p_flags & PF_W));
-    if (keep && found.wn < 8) {
-      found.wb[found.wn] = b & ~kPageMask;
-      found.we[found.wn++] = (e + kPageMask) & ~kPageMask;
-    } else if (ph.p_type == PT_LOAD && !keep && found.n < 8) {
-      found.b[found.n] = b & ~kPageMask;
-      found.e[found.n++] = (e + kPageMask) & ~kPageMask;
+    if (keep && t.wn < 8) {
+      t.wb[t.wn] = b & ~kPageMask;
+      t.we[t.wn++] = (e + kPageMask) & ~kPageMask;
+    } else if (ph.p_type == PT_LOAD && !keep && t.n < 8) {
+      t.b[t.n] = b & ~kPageMask;
+      t.e[t.n++] = (e + kPageMask) & ~kPageMask;
     }
   }
-  if (!mine) return 0;
-  *t = found;
-  return 1;
+  return t;
+}
+
+bool kept(const TrimRanges& t, uintptr_t p) {
+  for (int j = 0; j < t.wn; ++j) {
+    if (p >= t.wb[j] && p < t.we[j]) return true;
+  }
+  return false;
+}
+
+// fn(b, e) for each run of pages of t's read-only segments that are not kept.
+template <class Fn>
+void for_each_droppable(const TrimRanges& t, Fn fn) {
+  const uintptr_t page = kPageMask + 1;
+  for (int i = 0; i < t.n; ++i) {
+    uintptr_t b = t.b[i];
+    for (uintptr_t p = t.b[i]; p <= t.e[i]; p += page) {
+      if (p < t.e[i] && !kept(t, p)) continue;
+      if (b < p) fn(b, p);
+      b = p + page;
+    }
+  }
 }
 
 bool traced() {
@@ -916,27 +968,143 @@ bool traced() {
   return p != nullptr && strtol(p + 10, nullptr, 10) != 0;
 }
 
-void trim_own_text() {
-  if (!g_opts->trim_text || traced()) return;
-  TrimRanges t;
-  if (dl_iterate_phdr(&find_trim, &t) == 0) return;
+// One mapping per page of [b, e): every second page random, so that no
+// two neighbours merge. Idempotent.
+void split_pages(uintptr_t b, uintptr_t e) {
   const uintptr_t page = kPageMask + 1;
-  for (int i = 0; i < t.n; ++i) {
-    uintptr_t run = 0;  // start of the current run of pages to drop, or 0
-    for (uintptr_t p = t.b[i]; p <= t.e[i]; p += page) {
-      bool keep = p == t.e[i];
-      for (int j = 0; j < t.wn; ++j) keep = keep || (p >= t.wb[j] && p < t.we[j]);
-      if (keep) {
-        if (run != 0) syscall(SYS_madvise, run, p - run, MADV_DONTNEED);
-        run = 0;
-        continue;
-      }
-      if (run == 0) run = p;
-      // Every second page random, so that no two neighbours merge.
-      if ((p / page) & 1) syscall(SYS_madvise, p, page, MADV_RANDOM);
-    }
+  for (uintptr_t p = b; p < e; p += page) {
+    if ((p / page) & 1) syscall(SYS_madvise, p, page, MADV_RANDOM);
   }
 }
+
+// Drops the present file pages of [b, e) from the page table; keeps the
+// rest (see Safety above). Returns the bytes dropped.
+uint64_t drop_file_pages(uintptr_t b, uintptr_t e) {
+  constexpr uint64_t kPresent = 1ull << 63, kFilePage = 1ull << 61;
+  const uintptr_t page = kPageMask + 1;
+  uint64_t ent[128], dropped = 0;
+  uintptr_t run = 0;  // start of the current run of pages to drop, or 0
+  auto flush = [&](uintptr_t p) {
+    if (run != 0 && syscall(SYS_madvise, run, p - run, MADV_DONTNEED) == 0) dropped += p - run;
+    run = 0;
+  };
+  uintptr_t p = b;
+  while (p < e) {
+    const size_t n = std::min<size_t>(128, (e - p) / page);
+    const ssize_t want = static_cast<ssize_t>(n * sizeof ent[0]);
+    if (pread(g_pagemap_fd, ent, want, static_cast<off_t>(p / page * sizeof ent[0])) != want) {
+      break;
+    }
+    for (size_t i = 0; i < n; ++i, p += page) {
+      if ((ent[i] & (kPresent | kFilePage)) != (kPresent | kFilePage)) {
+        flush(p);
+      } else if (run == 0) {
+        run = p;
+      }
+    }
+  }
+  flush(p);
+  return dropped;
+}
+
+struct TrimPass {
+  bool own_only;
+  bool split;
+  uint64_t dropped = 0;
+};
+
+int trim_object(struct dl_phdr_info* info, size_t, void* arg) {
+  auto* pass = static_cast<TrimPass*>(arg);
+  if (info->dlpi_addr == getauxval(AT_SYSINFO_EHDR)) return 0;  // the vDSO: not a file
+  const TrimRanges t = trim_ranges(info);
+  const uintptr_t me = reinterpret_cast<uintptr_t>(&trim_object);
+  bool mine = false;
+  uint64_t pages = 0;
+  for (int i = 0; i < t.n; ++i) {
+    mine = mine || (me >= t.b[i] && me < t.e[i]);
+    pages += (t.e[i] - t.b[i]) / (kPageMask + 1);
+  }
+  if (pass->own_only && !mine) return 0;
+  if (pass->split && (mine || static_cast<int64_t>(pages) <= g_split_room)) {
+    if (!mine) g_split_room -= static_cast<int64_t>(pages);
+    for_each_droppable(t, [](uintptr_t b, uintptr_t e) { split_pages(b, e); });
+  }
+  for_each_droppable(t, [&](uintptr_t b, uintptr_t e) { pass->dropped += drop_file_pages(b, e); });
+  return 0;
+}
+
+int count_adds(struct dl_phdr_info* info, size_t, void* arg) {
+  *static_cast<unsigned long long*>(arg) = info->dlpi_adds;
+  return 1;
+}
+
+void trim_pass(bool own_only) {
+  if (traced()) return;
+  TrimPass pass{own_only, own_only};
+  if (!own_only) {
+    unsigned long long adds = 0;
+    dl_iterate_phdr(&count_adds, &adds);
+    pass.split = adds != g_split_adds;  // objects were loaded since the last split
+    g_split_adds = adds;
+  }
+  dl_iterate_phdr(&trim_object, &pass);
+  g_trim_passes.fetch_add(1, std::memory_order_relaxed);
+  g_trim_bytes.fetch_add(pass.dropped, std::memory_order_relaxed);
+}
+
+void* trim_thread_main(void*) {
+  pthread_setname_np(pthread_self(), "farmem-trim");
+  for (;;) {
+    struct timespec ts = {static_cast<time_t>(kTrimPeriodNs / 1000000000),
+                          static_cast<long>(kTrimPeriodNs % 1000000000)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) == EINTR) {
+    }
+    trim_pass(false);
+  }
+}
+
+// From start_runtime() (a LocalScope: the thread is local for life).
+void start_trimming() {
+  if (g_opts->trim_text == 0) return;
+  g_pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (g_pagemap_fd < 0) {
+    FARMEM_LOG(kDebug, "preload: code is not trimmed: /proc/self/pagemap: %s", strerror(errno));
+    return;
+  }
+  if (g_opts->trim_text == 1) {
+    trim_pass(true);
+    return;
+  }
+  long max_maps = 65530;
+  if (FILE* f = fopen("/proc/sys/vm/max_map_count", "re")) {
+    if (fscanf(f, "%ld", &max_maps) != 1) max_maps = 65530;
+    fclose(f);
+  }
+  g_split_room = max_maps / 4;
+  trim_pass(false);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 64 << 10);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);  // the program's signals are not for it
+  pthread_t t;
+  if (int rc = pthread_create(&t, &attr, &trim_thread_main, nullptr); rc != 0) {
+    FARMEM_LOG(kWarn, "preload: no thread to trim code (%s): it is trimmed once only",
+               strerror(rc));
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  pthread_attr_destroy(&attr);
+}
+void trim_print_stats(char* buf, size_t n) {
+  snprintf(buf, n,
+           "farmem: stats: code and read-only data (FARMEM_TRIM_TEXT %d): trim passes: %llu, "
+           "%s of resident pages dropped\n",
+           g_opts->trim_text, (unsigned long long)g_trim_passes.load(std::memory_order_relaxed),
+           farmem::format_size(g_trim_bytes.load(std::memory_order_relaxed)).c_str());
+}
+
 void mm_print_stats(char* buf, size_t n) {
   snprintf(buf, n,
            "farmem: stats: anonymous mmap: %llu mappings far (FARMEM_MMAP_MIN %s), %s live; %llu "
