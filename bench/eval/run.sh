@@ -53,7 +53,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 need=(farmemd farmemctl farmem_preload farmem_eval_kv farmem_eval_sort farmem_eval_pagerank
-  farmem_eval_scan farmem_eval_faultlat farmem_eval_mcload)
+  farmem_eval_scan farmem_eval_faultlat farmem_eval_mcload farmem_eval_runprog)
 case "$set_name" in
   micro) ;;
   programs) need=(farmemd farmemctl farmem_preload farmem_eval_runprog) ;;  # the programs are Debian's
@@ -64,7 +64,7 @@ have_all() {
   [[ -x $d/runtime/farmemd && -f $d/preload/libfarmem_preload.so ]] || return 1
   [[ $set_name == programs ]] && { [[ -x $d/bench/eval/farmem_eval_runprog ]]; return; }
   local w
-  for w in kv sort pagerank scan faultlat mcload; do
+  for w in kv sort pagerank scan faultlat mcload runprog; do
     [[ -x $d/bench/eval/farmem_eval_$w ]] || return 1
   done
 }
