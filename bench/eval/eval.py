@@ -1031,6 +1031,8 @@ def programs_main(a):
         a.plain_runs = 1 if a.quick else 2
     if a.plain_runs < 1:
         raise SystemExit("eval: --plain-runs must be at least 1")
+    if a.runs < 1:
+        raise SystemExit("eval: --runs must be at least 1")
     if a.timeout_factor is None:
         a.timeout_factor = 10 if a.quick else 20
     if a.timeout_factor <= 0:
@@ -1063,6 +1065,9 @@ def main():
     ap.add_argument("--plain-runs", type=int,
                     help="--set programs: plain runs per program, the fastest counts "
                     "(default 2, --quick 1)")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="--set programs: runs per farmem / swap cell at each ratio, the fastest "
+                    "counts (default 1)")
     a = ap.parse_args()
     if a.set == "programs":
         if a.replot:

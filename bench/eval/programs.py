@@ -40,7 +40,9 @@ run that farmem cost, steadier than wall times on a machine whose speed
 drifts) plus the last snapshot of its
 stats socket (polled each second: prefetch, waited faults; a cell killed at
 its timeout has only that snapshot) and farmemd's CPU time; swap's major
-faults, swap-ins and swap-outs. A cell is given max(--timeout-factor
+faults, swap-ins and swap-outs. The plain run is the fastest of
+--plain-runs (default 2); every farmem and swap cell at a ratio the
+fastest of --runs (default 1), each with its own counters. A cell is given max(--timeout-factor
 (default 20; --quick 10) x plain wall, 60 s; --quick 20 s); one that exceeds it is
 reported "timeout", a result, not a failure (lower ratios of that system
 are then not run). A cell FAILS (exit status 1) when the program exits
@@ -516,6 +518,7 @@ class Programs:
             "ratios": a.ratios,
             "timeout_factor": a.timeout_factor,
             "plain_runs": a.plain_runs,
+            "runs": a.runs,
             "commands": {p: " ".join(command(p, {"text": "TEXT", "lines": "LINES", "tmp": "T"})[0])
                          for p in a.programs},
             "versions": {},
@@ -627,6 +630,7 @@ class Programs:
                     c = self.safe_run_cell(prog, s, r, raise_pct=bump)
                     c["notes"].append("OOM-killed at the target limit; run with the limit "
                                       "raised by %d%% of the plain peak RSS" % bump)
+                c = self.repeat_cell(c, prog, s, r)
                 if c["status"] == "timeout":
                     slow = r
                 self.report(c)
@@ -639,6 +643,28 @@ class Programs:
                 c["x_swap"] = round(c["wall_s"] / sw["wall_s"], 3)
             elif sw and sw["status"] == "timeout" and c["system"] != "swap":
                 c["x_swap"] = "<%.2f" % (c["wall_s"] / sw["wall_s"])
+
+    def repeat_cell(self, c, prog, system, ratio):
+        """--runs: a cell that ran ok runs --runs times in all and the
+        fastest counts, with its own counters (the walls of all are kept in
+        "walls"), as the plain run's fastest of --plain-runs does: on a
+        machine whose speed drifts by 25% from run to run, one run of each
+        side cannot settle a 5% question."""
+        if c["status"] != "ok" or self.a.runs <= 1:
+            return c
+        walls = [c["wall_s"]]
+        for _ in range(self.a.runs - 1):
+            c2 = self.safe_run_cell(prog, system, ratio, raise_pct=c.get("limit_raised_pct", 0))
+            if c2["status"] != "ok":
+                c["notes"].append("a repeat run ended %s: %s" % (c2["status"],
+                                                               c2.get("reason", "")))
+                break
+            walls.append(c2["wall_s"])
+            if c2["wall_s"] < c["wall_s"]:
+                c2["notes"] = c["notes"] + c2["notes"]
+                c = c2
+        c["walls"] = walls
+        return c
 
     def find(self, prog, system, ratio):
         return next((c for c in self.cells if c["workload"] == prog and c["system"] == system
@@ -713,7 +739,9 @@ def markdown(meta, cells):
     has_nolimit = any(c["ratio"] is None and c["system"] != "local" for c in cells)
     cols = (["no limit"] if has_nolimit else []) + ["%d%%" % r for r in ratios]
     L = ["Wall time; x plain; (x swap at the same ratio of the plain peak RSS). "
+         "Plain: the fastest of %d runs; farmem and swap at each ratio: the fastest of %d. "
          "Load average %s at the start, %s at the end." % (
+             meta.get("plain_runs", 1), meta.get("runs", 1),
              "/".join(meta.get("loadavg_start", [])), "/".join(meta.get("loadavg_end", []))),
          "",
          "| program | plain | system | " + " | ".join(cols) + " |",
