@@ -1066,8 +1066,8 @@ def main():
                     help="--set programs: plain runs per program, the fastest counts "
                     "(default 2, --quick 1)")
     ap.add_argument("--runs", type=int, default=1,
-                    help="--set programs: runs per farmem / swap cell at each ratio, the fastest "
-                    "counts (default 1)")
+                    help="--set programs: runs per farmem / swap cell at each ratio, each next "
+                    "to a fresh plain run; x plain is the median of the pairs' ratios (default 1)")
     a = ap.parse_args()
     if a.set == "programs":
         if a.replot:

@@ -41,8 +41,10 @@ drifts) plus the last snapshot of its
 stats socket (polled each second: prefetch, waited faults; a cell killed at
 its timeout has only that snapshot) and farmemd's CPU time; swap's major
 faults, swap-ins and swap-outs. The plain run is the fastest of
---plain-runs (default 2); every farmem and swap cell at a ratio the
-fastest of --runs (default 1), each with its own counters. A cell is given max(--timeout-factor
+--plain-runs (default 2). With --runs N (default 1) every farmem and swap
+cell at a ratio runs N times, each run next to a fresh plain run, and its
+"x plain" is the median of the N pairs' ratios (the machine's speed drifts
+over minutes; a pair runs at one speed). A cell is given max(--timeout-factor
 (default 20; --quick 10) x plain wall, 60 s; --quick 20 s); one that exceeds it is
 reported "timeout", a result, not a failure (lower ratios of that system
 are then not run). A cell FAILS (exit status 1) when the program exits
@@ -640,31 +642,47 @@ class Programs:
                 continue
             sw = self.find(prog, "swap", c["ratio"])
             if sw and sw["status"] == "ok" and c["system"] != "swap":
-                c["x_swap"] = round(c["wall_s"] / sw["wall_s"], 3)
+                # Both divided by plain (paired runs with --runs: medians).
+                c["x_swap"] = round(c["x_plain"] / sw["x_plain"], 3)
             elif sw and sw["status"] == "timeout" and c["system"] != "swap":
                 c["x_swap"] = "<%.2f" % (c["wall_s"] / sw["wall_s"])
 
     def repeat_cell(self, c, prog, system, ratio):
-        """--runs: a cell that ran ok runs --runs times in all and the
-        fastest counts, with its own counters (the walls of all are kept in
-        "walls"), as the plain run's fastest of --plain-runs does: on a
-        machine whose speed drifts by 25% from run to run, one run of each
-        side cannot settle a 5% question."""
+        """--runs N: the cell runs N times in all, each run next to a fresh
+        plain run, and its ratio to plain is the median of the N pairs'
+        ratios; the run with that ratio gives the cell's wall time and
+        counters (every pair is kept in "pairs": cell wall, plain wall).
+        This machine's CPU speed drifts by up to 25% over minutes, and the
+        set runs a program's cells one system after the other, so a cell
+        and the plain run it is divided by ran at different speeds: one run
+        of each cannot settle a 5% question (zstd at no limit: 1.15x in the
+        set, 0.98-1.01x in three interleaved pairs)."""
         if c["status"] != "ok" or self.a.runs <= 1:
             return c
-        walls = [c["wall_s"]]
-        for _ in range(self.a.runs - 1):
-            c2 = self.safe_run_cell(prog, system, ratio, raise_pct=c.get("limit_raised_pct", 0))
-            if c2["status"] != "ok":
-                c["notes"].append("a repeat run ended %s: %s" % (c2["status"],
-                                                               c2.get("reason", "")))
+        runs = []
+        for i in range(self.a.runs):
+            if i > 0:
+                c2 = self.safe_run_cell(prog, system, ratio,
+                                        raise_pct=c.get("limit_raised_pct", 0))
+                if c2["status"] != "ok":
+                    c["notes"].append("repeat run %d ended %s: %s" % (
+                        i + 1, c2["status"], c2.get("reason", "")))
+                    break
+            else:
+                c2 = c
+            p = self.safe_run_cell(prog, "local", None)
+            if p["status"] != "ok":
+                c["notes"].append("the plain run paired with run %d failed" % (i + 1))
                 break
-            walls.append(c2["wall_s"])
-            if c2["wall_s"] < c["wall_s"]:
-                c2["notes"] = c["notes"] + c2["notes"]
-                c = c2
-        c["walls"] = walls
-        return c
+            runs.append((c2["wall_s"] / p["wall_s"], c2, p["wall_s"]))
+        if not runs:
+            return c
+        runs.sort(key=lambda r: r[0])
+        ratio_med, best, _ = runs[(len(runs) - 1) // 2]
+        best["notes"] = c["notes"] + [n for n in best["notes"] if n not in c["notes"]]
+        best["x_plain"] = round(ratio_med, 3)
+        best["pairs"] = [[r[1]["wall_s"], r[2]] for r in runs]
+        return best
 
     def find(self, prog, system, ratio):
         return next((c for c in self.cells if c["workload"] == prog and c["system"] == system
@@ -739,9 +757,12 @@ def markdown(meta, cells):
     has_nolimit = any(c["ratio"] is None and c["system"] != "local" for c in cells)
     cols = (["no limit"] if has_nolimit else []) + ["%d%%" % r for r in ratios]
     L = ["Wall time; x plain; (x swap at the same ratio of the plain peak RSS). "
-         "Plain: the fastest of %d runs; farmem and swap at each ratio: the fastest of %d. "
+         "Plain: the fastest of %d runs; farmem and swap at each ratio: %s. "
          "Load average %s at the start, %s at the end." % (
-             meta.get("plain_runs", 1), meta.get("runs", 1),
+             meta.get("plain_runs", 1),
+             "one run" if meta.get("runs", 1) <= 1 else
+             "%d runs, each next to a fresh plain run, x plain the median of the pairs' ratios"
+             % meta["runs"],
              "/".join(meta.get("loadavg_start", [])), "/".join(meta.get("loadavg_end", []))),
          "",
          "| program | plain | system | " + " | ".join(cols) + " |",
