@@ -56,6 +56,9 @@ constexpr EnvVar kEnv[] = {
      "preload: once far memory has started, the code and read-only data of every loaded object "
      "(program, libraries, this library) stay resident only while in use: they compete with "
      "the heap for memory (2); 1 = this library's only; 0 = leave them all mapped"},
+    {"FARMEM_TRIM_PERIOD_MS", "1000",
+     "preload, FARMEM_TRIM_TEXT=2: how often (ms) the code and read-only data are dropped again "
+     "after start-up, so that what stays resident is what was used since"},
     {"FARMEM_STATS_SOCKET", "1",
      "1 serves live statistics on a private Unix socket ($XDG_RUNTIME_DIR/farmem/PID.sock or "
      "/tmp/farmem-UID/PID.sock) for `farmemctl stats PID`; 0 = none"},
@@ -184,6 +187,11 @@ Result<FarOptions> options_from_env() {
     auto r = parse_uint(v, "FARMEM_TRIM_TEXT", 0, 2);
     if (!r.ok()) return r.status();
     o.trim_text = static_cast<int>(*r);
+  }
+  if (const char* v = getenv("FARMEM_TRIM_PERIOD_MS")) {
+    auto r = parse_uint(v, "FARMEM_TRIM_PERIOD_MS", 1, 3600000);
+    if (!r.ok()) return r.status();
+    o.trim_period_ms = static_cast<uint32_t>(*r);
   }
   if (const char* v = getenv("FARMEM_STATS_SOCKET")) {
     auto r = parse_uint(v, "FARMEM_STATS_SOCKET", 0, 1);

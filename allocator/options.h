@@ -60,6 +60,8 @@ struct FarOptions {
   // preload/shim.cc, "Code and read-only data"): 0 none, 1 this library's,
   // 2 every loaded object's.
   int trim_text = 2;
+  // How often the code is dropped again with trim_text 2 (FARMEM_TRIM_PERIOD_MS).
+  uint32_t trim_period_ms = 1000;
   NoDonorPolicy on_no_donor = NoDonorPolicy::kFail;
   // A Unix socket with live statistics for `farmemctl stats PID`
   // (FARMEM_STATS_SOCKET; fm_init with a config reads the variable too).

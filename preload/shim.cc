@@ -134,6 +134,9 @@ void mm_fork_lock();
 void mm_fork_unlock();
 void mm_init_self();
 void start_trimming();
+bool trim_fork_lock();
+void trim_fork_unlock();
+thread_local bool t_trim_locked = false;
 void trim_print_stats(char* buf, size_t n);
 void mm_print_stats(char* buf, size_t n);
 
@@ -294,8 +297,9 @@ void on_fork_prepare() {
   farmem::FarBacking* b = fork_backing();
   if (b == nullptr || g_fork_child) return;
   farmem::LocalScope local;
-  const int saved = errno;  // fork()'s caller sees its own errno
-  mm_fork_lock();           // no mmap of ours is half done in the child
+  const int saved = errno;           // fork()'s caller sees its own errno
+  t_trim_locked = trim_fork_lock();  // no trim pass holds the loader's lock in the child
+  mm_fork_lock();                    // no mmap of ours is half done in the child
   farmem::Status st = b->prepare_fork();
   if (!st.ok()) {
     char msg[768];
@@ -313,6 +317,8 @@ void on_fork_parent() {
   if (!t_fork_prepared) return;
   t_fork_prepared = false;
   mm_fork_unlock();
+  if (t_trim_locked) trim_fork_unlock();
+  t_trim_locked = false;
   const int saved = errno;  // a failed fork's EAGAIN/ENOMEM, for its caller
   farmem::LocalScope local;
   if (farmem::FarBacking* b = fork_backing()) b->fork_parent();
@@ -321,6 +327,8 @@ void on_fork_parent() {
 
 void on_fork_child() {
   if (t_fork_prepared) mm_fork_unlock();
+  if (t_trim_locked) trim_fork_unlock();
+  t_trim_locked = false;
   t_fork_prepared = false;
   g_mmap_min.store(SIZE_MAX, std::memory_order_relaxed);
   farmem::FarBacking* b = fork_backing();
@@ -883,7 +891,7 @@ void mm_init_self() {
 //      mapping's end), so a touch maps one page;
 //   2. drop: their resident pages leave the page table (MADV_DONTNEED; the
 //      pages stay in the page cache);
-// and then, from a thread of its own, every kTrimPeriodNs: drop again
+// and then, from a thread of its own, every FARMEM_TRIM_PERIOD_MS (1 s): drop again
 // (split first when objects were loaded since), so that what stays
 // resident is what was used in the last period. eval kv then ends at 1.0
 // MiB less peak RSS than without farmem, not 0.9 MiB more. Cost: one
@@ -904,10 +912,16 @@ void mm_init_self() {
 // a fork()ed child has no trim thread. FARMEM_TRIM_TEXT=1: this library
 // only, once (the 1.3 MiB of the pager, the transports and a private
 // jemalloc, of which paging uses ~80 pages); 0: nothing.
-constexpr uint64_t kTrimPeriodNs = 1000000000;
 std::atomic<uint64_t> g_trim_passes{0};
 std::atomic<uint64_t> g_trim_bytes{0};  // resident file pages dropped
 int g_pagemap_fd = -1;
+// Held across a pass by the trim thread and across fork() by the forking
+// thread: glibc's fork does not reset the loader's write lock in the child,
+// so a fork in the middle of a pass (which holds it, in dl_iterate_phdr)
+// would leave the child's dlopen and C++ exception unwinding (which walks
+// the objects with dl_iterate_phdr) blocked for good.
+pthread_mutex_t g_trim_mu = PTHREAD_MUTEX_INITIALIZER;
+bool g_trim_thread = false;               // set before the thread starts, never cleared
 int64_t g_split_room = 0;                 // pages we may still split (mappings to add)
 unsigned long long g_split_adds = ~0ull;  // dlpi_adds when objects were last split
 
@@ -1055,11 +1069,13 @@ void trim_pass(bool own_only) {
 void* trim_thread_main(void*) {
   pthread_setname_np(pthread_self(), "farmem-trim");
   for (;;) {
-    struct timespec ts = {static_cast<time_t>(kTrimPeriodNs / 1000000000),
-                          static_cast<long>(kTrimPeriodNs % 1000000000)};
+    const uint32_t ms = g_opts->trim_period_ms;
+    struct timespec ts = {static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1000000};
     while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) == EINTR) {
     }
+    pthread_mutex_lock(&g_trim_mu);
     trim_pass(false);
+    pthread_mutex_unlock(&g_trim_mu);
   }
 }
 
@@ -1090,13 +1106,32 @@ void start_trimming() {
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);  // the program's signals are not for it
   pthread_t t;
+  g_trim_thread = true;
   if (int rc = pthread_create(&t, &attr, &trim_thread_main, nullptr); rc != 0) {
+    g_trim_thread = false;
     FARMEM_LOG(kWarn, "preload: no thread to trim code (%s): it is trimmed once only",
                strerror(rc));
   }
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   pthread_attr_destroy(&attr);
 }
+// A pass takes milliseconds, but it may wait on far-memory faults and on
+// the loader's lock; a fork() from inside a dl_iterate_phdr() callback
+// would hold the latter, so the wait is bounded, and the fork then goes on
+// without the lock (the pass cannot be in the loader's lock then: the
+// forking thread has it).
+bool trim_fork_lock() {
+  if (!g_trim_thread) return false;
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 2;
+  return pthread_mutex_timedlock(&g_trim_mu, &until) == 0;
+}
+
+void trim_fork_unlock() {
+  pthread_mutex_unlock(&g_trim_mu);
+}
+
 void trim_print_stats(char* buf, size_t n) {
   snprintf(buf, n,
            "farmem: stats: code and read-only data (FARMEM_TRIM_TEXT %d): trim passes: %llu, "

@@ -17,7 +17,12 @@
 #      not, one pass;
 #   3. FARMEM_TRIM_TEXT=0: nothing split, more of the library resident
 #      than in 1 (fault-around brings in ~16 pages per page touched);
-#   4. FARMEM_TRIM_TEXT=3: a start-up error naming the variable, exit 1.
+#   4. fork() during trim passes: with FARMEM_TRIM_PERIOD_MS=1 (a pass
+#      most of the time), a python3 forks children for 2 s that each load
+#      an extension module (dlopen takes the loader's write lock, which a
+#      pass holds and glibc's fork does not reset) and exit; none may hang
+#      (without the fork lock the first child hangs);
+#   5. FARMEM_TRIM_TEXT=3: a start-up error naming the variable, exit 1.
 set -euo pipefail
 : "${FARMEM_PRELOAD_LIB:?set FARMEM_PRELOAD_LIB to libfarmem_preload.so}"
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -93,6 +98,33 @@ run "none (FARMEM_TRIM_TEXT=0)" FARMEM_TRIM_TEXT=0
 [[ $PASSES == 0 ]] || fail "FARMEM_TRIM_TEXT=0: $PASSES passes"
 [[ $LIB_RSS -gt $own_rss ]] || fail "untrimmed library text ($LIB_RSS KiB) is not larger than trimmed ($own_rss KiB)"
 [[ $LIBC_RSS -gt $all_libc_rss ]] || fail "untrimmed libc text ($LIBC_RSS KiB) is not larger than trimmed ($all_libc_rss KiB)"
+
+forks='import os, sys, time
+b = bytearray(16 << 20)
+for i in range(0, len(b), 4096): b[i] = 1
+t0 = time.time(); n = hung = 0
+while time.time() - t0 < 2:
+    pid = os.fork()
+    if pid == 0:
+        import _decimal
+        os._exit(0 if _decimal.Decimal(3) + 4 == 7 else 3)
+    n += 1
+    deadline = time.time() + 5
+    while True:
+        p, st = os.waitpid(pid, os.WNOHANG)
+        if p == pid:
+            if os.waitstatus_to_exitcode(st) != 0: sys.exit("a child failed: status %d" % st)
+            break
+        if time.time() > deadline:
+            hung += 1; os.kill(pid, 9); os.waitpid(pid, 0); break
+        time.sleep(0.0002)
+print(n, hung)'
+env LD_PRELOAD="$FARMEM_PRELOAD_LIB" FARMEM_TRANSPORT=loopback FARMEM_LOOPBACK_CAPACITY=256M \
+  FARMEM_LOCAL_MEM=8M FARMEM_STATS=1 FARMEM_STATS_SOCKET=0 FARMEM_TRIM_PERIOD_MS=1 \
+  /usr/bin/python3 -c "$forks" > "$work/out" 2> "$work/err" || { cat "$work/err" >&2; fail "the fork run failed"; }
+read -r n hung < "$work/out"
+echo "fork during trim passes: $n children, $hung hung; $(grep "code and read-only" "$work/err" | sed 's/^farmem: stats: //')"
+[[ $n -ge 5 && $hung == 0 ]] || fail "$hung of $n forked children hung (the loader's lock held by a trim pass at the fork?)"
 
 set +e
 env LD_PRELOAD="$FARMEM_PRELOAD_LIB" FARMEM_TRIM_TEXT=3 /usr/bin/python3 -c 'print(1)' > "$work/out" 2> "$work/err"
