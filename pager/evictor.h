@@ -563,7 +563,7 @@ size_t Pager<B>::demote_batch(size_t max, size_t* dropped) {
   size_t n_drop = 0;
   for (size_t i = 0; i < n; ++i) {
     drop[i] = (words[i] & (PageTable::kPrefetched | PageTable::kDirty)) == PageTable::kPrefetched &&
-              pt_.meta(blocks[i]).remote != 0;
+              pt_.remote(blocks[i]) != 0;
     n_drop += drop[i] ? 1 : 0;
   }
   // Moved blocks are done: the move took the page out of the region
@@ -708,12 +708,12 @@ size_t Pager<B>::drop_victims(size_t max) {
       uint32_t w = pt_.load(c);
       if (PageTable::state_of(w) == PageState::kVictim) {
         if (!(w & PageTable::kDirty)) {
-          if ((w & PageTable::kPrefetched) && pt_.meta(c).remote != 0) {
+          if ((w & PageTable::kPrefetched) && pt_.remote(c) != 0) {
             if (n_ahead < 256) ahead[n_ahead++] = c;
             c = prev;
             continue;
           }
-          PageState to = pt_.meta(c).remote != 0 ? PageState::kRemote : PageState::kEmpty;
+          PageState to = pt_.remote(c) != 0 ? PageState::kRemote : PageState::kEmpty;
           if (pt_.try_transition(c, w, PageTable::make(to, 0, 0))) {
             note_left(c);  // after the CAS: a stamp racing a fetch is only a hint
             victim_.remove(c);
@@ -752,14 +752,13 @@ size_t Pager<B>::drop_victims(size_t max) {
   std::vector<IoOp>& ops = wb_ops_;
   ops.clear();
   for (uint32_t b : h_wb_) {
-    BlockMeta& m = pt_.meta(b);
-    if (m.remote == 0) {
+    if (pt_.remote(b) == 0) {
       auto u = remote_->alloc_unit();
       if (!u.ok()) {
         fatal("pager: no remote space to write back dirty block %u at %p: %s", b,
               static_cast<void*>(block_addr(b)), u.status().to_string().c_str());
       }
-      m.remote = *u + 1;
+      pt_.remote(b) = *u + 1;
     } else if (Status fs = fork_rehome(b); !fs.ok()) {
       fatal("pager: no remote space to write back dirty block %u at %p: %s", b,
             static_cast<void*>(block_addr(b)), fs.to_string().c_str());
@@ -767,15 +766,15 @@ size_t Pager<B>::drop_victims(size_t max) {
     uint32_t w = pt_.load(b);
     const uint32_t slot = PageTable::slot_of(w);
     RemoteAddr to[RemoteMap::kMaxReplicas];
-    const size_t nt = remote_->begin_write(m.remote - 1, to);
+    const size_t nt = remote_->begin_write(pt_.remote(b) - 1, to);
     if (nt == 0) {
       char where[512];
-      remote_->describe_replicas(m.remote - 1, where, sizeof where);
+      remote_->describe_replicas(pt_.remote(b) - 1, where, sizeof where);
       fatal(
           "pager: cannot write back dirty block at %p: donor %s is unavailable and no "
           "replica holds it (replicas: %s)",
           static_cast<void*>(block_addr(b)),
-          remote_->server_name(remote_->resolve(m.remote - 1).server), where);
+          remote_->server_name(remote_->resolve(pt_.remote(b) - 1).server), where);
     }
     wb_left_[slot] = static_cast<uint8_t>(nt);
     wb_ok_[slot] = 0;
@@ -848,7 +847,7 @@ size_t Pager<B>::writeback_done(const IoCompletion& c) {
     wb_retry_[slot] = static_cast<uint8_t>(c.status);
   }
   if (--wb_left_[slot] > 0) return 0;  // more replicas to hear from
-  remote_->end_write(pt_.meta(b).remote - 1);
+  remote_->end_write(pt_.remote(b) - 1);
   if (wb_retry_[slot] == 0 && wb_ok_[slot] > 0) {
     // Every live replica stored the WRITE: only now may the local copy go
     // (invariant 1).
@@ -863,7 +862,7 @@ size_t Pager<B>::writeback_done(const IoCompletion& c) {
   }
   if (wb_retry_[slot] == 0) {
     char where[512];
-    remote_->describe_replicas(pt_.meta(b).remote - 1, where, sizeof where);
+    remote_->describe_replicas(pt_.remote(b) - 1, where, sizeof where);
     fatal(
         "pager: cannot write back dirty block at %p: donor %s is unavailable and no replica "
         "holds it (replicas: %s)",
@@ -885,11 +884,11 @@ size_t Pager<B>::writeback_done(const IoCompletion& c) {
 
 template <TransportBackend B>
 void Pager<B>::discard_remote(uint32_t b) {
-  BlockMeta& m = pt_.meta(b);
-  if (m.remote != 0) {
+  if (pt_.remote(b) != 0) {
     // A fork snapshot may still read the unit: then it frees it.
-    if (!fork_.keep_unit(b, m.remote - 1, /*discarded=*/true)) remote_->free_unit(m.remote - 1);
-    m.remote = 0;
+    if (!fork_.keep_unit(b, pt_.remote(b) - 1, /*discarded=*/true))
+      remote_->free_unit(pt_.remote(b) - 1);
+    pt_.remote(b) = 0;
   }
 }
 
@@ -1069,7 +1068,7 @@ Status Pager<B>::evict(void* addr, size_t len) {
       // Victim.
       const uint32_t slot = PageTable::slot_of(w);
       if (!(w & PageTable::kDirty)) {
-        PageState to = pt_.meta(b).remote != 0 ? PageState::kRemote : PageState::kEmpty;
+        PageState to = pt_.remote(b) != 0 ? PageState::kRemote : PageState::kEmpty;
         if (!pt_.try_transition(b, w, PageTable::make(to, 0, 0))) continue;
         {
           std::lock_guard<std::mutex> lk(list_mu_);
@@ -1085,8 +1084,7 @@ Status Pager<B>::evict(void* addr, size_t len) {
         std::lock_guard<std::mutex> lk(list_mu_);
         victim_.remove(b);
       }
-      BlockMeta& m = pt_.meta(b);
-      if (m.remote == 0) {
+      if (pt_.remote(b) == 0) {
         auto u = remote_->alloc_unit();
         if (!u.ok()) {
           {
@@ -1096,7 +1094,7 @@ Status Pager<B>::evict(void* addr, size_t len) {
           pt_.finish(b, PageTable::with_state(w, PageState::kVictim));
           return u.status().with_context("evict");
         }
-        m.remote = *u + 1;
+        pt_.remote(b) = *u + 1;
       } else if (Status fs = fork_rehome(b); !fs.ok()) {
         {
           std::lock_guard<std::mutex> lk(list_mu_);
@@ -1107,9 +1105,9 @@ Status Pager<B>::evict(void* addr, size_t len) {
       }
       // One WRITE per replica on a live donor, one at a time (a hint).
       RemoteAddr to[RemoteMap::kMaxReplicas];
-      const size_t nt = remote_->begin_write(m.remote - 1, to);
-      IoOp op{IoKind::kWrite, block_, nt ? to[0] : remote_->resolve(m.remote - 1), slot_addr(slot),
-              b};
+      const size_t nt = remote_->begin_write(pt_.remote(b) - 1, to);
+      IoOp op{IoKind::kWrite, block_, nt ? to[0] : remote_->resolve(pt_.remote(b) - 1),
+              slot_addr(slot), b};
       IoCompletion c{b, nt ? Errc::kOk : Errc::kUnavailable};
       size_t stored = 0;
       for (size_t i = 0; i < nt; ++i) {
@@ -1131,7 +1129,7 @@ Status Pager<B>::evict(void* addr, size_t len) {
           op = o;
         }
       }
-      remote_->end_write(m.remote - 1);
+      remote_->end_write(pt_.remote(b) - 1);
       if (c.status == Errc::kOk && stored == 0) c.status = Errc::kUnavailable;
       if (c.status != Errc::kOk) {
         {

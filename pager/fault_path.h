@@ -167,12 +167,11 @@ template <TransportBackend B>
 void Pager<B>::lost_page(uint32_t b, Errc e) {
   // Invariant 6. Names the first replica's donor and then every replica
   // (donor, slab, offset, state); no allocation (this may run on a handler).
-  const BlockMeta& m = pt_.meta(b);
   const char* donor = "unknown donor";
   char replicas[512] = "none";
-  if (m.remote != 0) {
-    donor = remote_->server_name(remote_->resolve(m.remote - 1).server);
-    remote_->describe_replicas(m.remote - 1, replicas, sizeof replicas);
+  if (pt_.remote(b) != 0) {
+    donor = remote_->server_name(remote_->resolve(pt_.remote(b) - 1).server);
+    remote_->describe_replicas(pt_.remote(b) - 1, replicas, sizeof replicas);
   }
   fatal(
       "far memory lost: the page at %p (block %u of %u bytes in the region at %p) could not "
@@ -186,7 +185,7 @@ template <TransportBackend B>
 bool Pager<B>::retry_read(Handler& h, const Inflight& f, Errc why) {
   if (why != Errc::kUnavailable && why != Errc::kNotFound) return false;
   remote_->mark_failed(f.server);
-  const uint32_t unit = pt_.meta(f.block).remote - 1;
+  const uint32_t unit = pt_.remote(f.block) - 1;
   RemoteAddr from;
   while (remote_->resolve_read(unit, &from)) {
     // The completion being handled freed an inflight entry and a queue slot.
@@ -642,7 +641,7 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
         const bool guess = !write && (w & PageTable::kWritten) != 0 && cfg_.written_writable;
         h.inflight[k] = Inflight{b, st, false, write || guess, false, pager_detail::now_ns()};
         h.inflight[k].guessed = guess;
-        const uint32_t unit = pt_.meta(b).remote - 1;
+        const uint32_t unit = pt_.remote(b) - 1;
         IoOp op{IoKind::kRead, block_, {}, h.staging.ptr + uint64_t{st} * block_, k};
         // One live replica; a donor whose connection is gone is marked
         // failed and the next replica tried (invariant 6 when none is left).

@@ -24,12 +24,11 @@ namespace farmem {
 
 template <TransportBackend B>
 Status Pager<B>::fork_rehome(uint32_t b) {
-  BlockMeta& m = pt_.meta(b);
-  if (m.remote == 0 || !fork_.unit_frozen(m.remote - 1)) return ok_status();
+  if (pt_.remote(b) == 0 || !fork_.unit_frozen(pt_.remote(b) - 1)) return ok_status();
   auto u = remote_->alloc_unit();
   if (!u.ok()) return u.status().with_context("moving a block off a unit a fork snapshot reads");
-  const uint32_t old = m.remote - 1;
-  m.remote = *u + 1;
+  const uint32_t old = pt_.remote(b) - 1;
+  pt_.remote(b) = *u + 1;
   if (!fork_.keep_unit(b, old, /*discarded=*/false)) remote_->free_unit(old);
   return ok_status();
 }
@@ -61,12 +60,11 @@ Status Pager<B>::fork_writeback_victims() {
       uint32_t w = pt_.load(b);
       if (PageTable::state_of(w) != PageState::kVictim || !(w & PageTable::kDirty)) continue;
       if (!pt_.try_transition(b, w, PageTable::with_state(w, PageState::kWriting))) continue;
-      BlockMeta& m = pt_.meta(b);
       Status us = ok_status();
-      if (m.remote == 0) {
+      if (pt_.remote(b) == 0) {
         auto u = remote_->alloc_unit();
         if (u.ok()) {
-          m.remote = *u + 1;
+          pt_.remote(b) = *u + 1;
         } else {
           us = u.status();
         }
@@ -79,7 +77,7 @@ Status Pager<B>::fork_writeback_victims() {
         break;
       }
       RemoteAddr to[RemoteMap::kMaxReplicas];
-      const size_t nt = remote_->begin_write(m.remote - 1, to);
+      const size_t nt = remote_->begin_write(pt_.remote(b) - 1, to);
       for (size_t r = 0; r < nt; ++r) {
         ops.push_back(IoOp{IoKind::kWrite, block_, to[r], slot_addr(PageTable::slot_of(w)), n});
       }
@@ -117,7 +115,7 @@ Status Pager<B>::fork_writeback_victims() {
     }
     for (size_t k = 0; k < n; ++k) {
       const uint32_t b = blocks[k];
-      if (!failed[k]) remote_->end_write(pt_.meta(b).remote - 1);
+      if (!failed[k]) remote_->end_write(pt_.remote(b) - 1);
       if (failed[k] || stored[k] == 0) {
         pt_.finish(b, PageTable::with_state(words[k], PageState::kVictim));  // still dirty
         if (err.ok()) {
@@ -192,7 +190,7 @@ Status Pager<B>::prepare_fork() {
       const PageState s = PageTable::state_of(w);
       if (s != PageState::kRemote && s != PageState::kVictim) continue;  // mapped, empty, freed
       FARMEM_BUG_ON(s == PageState::kVictim && (w & PageTable::kDirty));
-      const uint32_t unit = pt_.meta(b).remote;
+      const uint32_t unit = pt_.remote(b);
       if (unit != 0) fork_.record_locked(b, unit - 1);  // a clean victim without one is zeros
     }
     fork_.publish_locked();

@@ -3,6 +3,8 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 
 namespace farmem {
@@ -69,9 +71,9 @@ Status PageTable::init(uint64_t n_blocks) {
                       "block size or a smaller region",
                       static_cast<unsigned long long>(n_blocks));
   }
-  bytes_ = n_blocks * (sizeof(BlockMeta) + 2 * sizeof(uint32_t));
-  // Anonymous zero pages are a valid all-Empty table: word 0 = kEmpty. The
-  // remote/prev/next fields are only read in states that set them.
+  bytes_ = n_blocks * (sizeof(BlockMeta) + 3 * sizeof(uint32_t));
+  // Anonymous zero pages are a valid all-Empty table: word 0 = kEmpty,
+  // remote 0 = none. prev/next are only read in states that set them.
   void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
@@ -79,10 +81,34 @@ Status PageTable::init(uint64_t n_blocks) {
                       bytes_, strerror(errno));
   }
   blocks_ = static_cast<BlockMeta*>(p);
-  hashes_ = reinterpret_cast<uint32_t*>(blocks_ + n_blocks);
+  remotes_ = reinterpret_cast<uint32_t*>(blocks_ + n_blocks);
+  hashes_ = remotes_ + n_blocks;
   access_ = hashes_ + n_blocks;
   n_ = n_blocks;
   return ok_status();
+}
+
+size_t PageTable::resident_bytes() const {
+  FILE* f = fopen("/proc/self/smaps", "re");
+  if (f == nullptr) return 0;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(blocks_);
+  char line[512];
+  bool in = false;
+  size_t rss = 0;
+  while (fgets(line, sizeof line, f) != nullptr) {
+    uintptr_t lo, hi;
+    if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " ", &lo, &hi) == 2) {
+      in = lo == base;
+      continue;
+    }
+    unsigned long kib;
+    if (in && sscanf(line, "Rss: %lu kB", &kib) == 1) {
+      rss = kib << 10;
+      break;
+    }
+  }
+  fclose(f);
+  return rss;
 }
 
 void BlockList::push_front(uint32_t b) {

@@ -9,24 +9,29 @@
 //
 // A block is the fetch unit (4 KiB .. 2 MiB). Metadata is 24 bytes per block,
 // i.e. 24 bytes per 4 KiB page at the default block size and less for bigger
-// blocks: 16 here, a 4-byte hash in a second array (fetched_hash()) and a
-// 4-byte access word in a third (hot_laps(), left_at(): pager/evictor.h
-// "Access tracking"):
+// blocks, in four arrays, so that a block pays only for what it uses: 12
+// bytes here (the word and the list links, for every block ever resident),
+// a 4-byte remote unit in a second array (remote(): written when the block
+// is first written back, so a heap that fits its budget never touches it),
+// a 4-byte hash in a third (fetched_hash()) and a 4-byte access word in a
+// fourth (hot_laps(), left_at(): pager/evictor.h "Access tracking"). The
+// arrays are anonymous memory reserved up front; a page of them that is
+// only read maps the kernel's zero page and costs nothing.
 //
-//   byte 0        4          8          12         16
-//        +--------+----------+----------+----------+
-//        | word   | remote   | prev     | next     |
-//        +--------+----------+----------+----------+
+//   byte 0        4          8          12
+//        +--------+----------+----------+
+//        | word   | prev     | next     |
+//        +--------+----------+----------+
 //   word (atomic u32):  bits 0-3 state | 4 dirty | 5 prefetched | 6 pinned |
 //                       7 written (Remote) / guessed (resident) | 8 zero-mapped (Present) |
 //                       bits 9-31: the local slot index
 //                       (kVictim, kPromoting, kWriting, kFetching into a slot), or the pin count
 //                       when bit 6 is set (a pinned block is always Present, or Protecting /
 //                       Discarding owned from Present, so it has no slot)
-//   remote: remote unit + 1 (block-sized units, see RemoteMap); 0 when the
-//           block has never been written back (so an all-zero table is valid)
 //   prev/next: links of the list the block is on (active or victim), guarded
 //           by the pager's list lock
+//   remote(b): remote unit + 1 (block-sized units, see RemoteMap); 0 when the
+//           block has never been written back (so an all-zero table is valid)
 //
 // State machine. Stable states are at rest; a transient state is owned by
 // exactly one thread (the one whose CAS entered it), and only the owner
@@ -108,11 +113,10 @@ inline constexpr uint32_t kMaxSlots = kNoSlot;  // slot indices 0 .. kMaxSlots-1
 
 struct BlockMeta {
   std::atomic<uint32_t> word{0};
-  uint32_t remote = 0;  // remote unit + 1; 0 = none
   uint32_t prev = kNil;
   uint32_t next = kNil;
 };
-static_assert(sizeof(BlockMeta) == 16, "metadata budget: 16 bytes per block");
+static_assert(sizeof(BlockMeta) == 12, "metadata budget: 12 bytes per resident block");
 
 class PageTable {
  public:
@@ -151,8 +155,15 @@ class PageTable {
   // memory). n < 2^32 - 1.
   Status init(uint64_t n_blocks);
   uint64_t size() const { return n_; }
+  // The table's resident memory (the Rss of its mapping in
+  // /proc/self/smaps, which leaves out zero pages); 0 when it cannot be
+  // read. For tests and reports: it reads the whole smaps file.
+  size_t resident_bytes() const;
 
   BlockMeta& meta(uint32_t b) { return blocks_[b]; }
+  // The block's remote unit + 1 (0: none), owned like the word's slot: by
+  // the thread that holds the block in a transient state.
+  uint32_t& remote(uint32_t b) { return remotes_[b]; }
   // block_hash() of a block's content as a guessed fetch brought it
   // (kGuessed, pager/fault_path.h "Written blocks come back writable"):
   // set by the handler that maps it, read by the evictor after it left
@@ -219,8 +230,9 @@ class PageTable {
 
  private:
   BlockMeta* blocks_ = nullptr;
-  uint32_t* hashes_ = nullptr;  // n_ of them, after the blocks, in the same mapping
-  uint32_t* access_ = nullptr;  // n_ of them, after the hashes
+  uint32_t* remotes_ = nullptr;  // n_ of them, after the blocks, in the same mapping
+  uint32_t* hashes_ = nullptr;   // n_ of them, after the remote units
+  uint32_t* access_ = nullptr;   // n_ of them, after the hashes
   std::atomic_ref<uint32_t> access_word(uint32_t b) const {
     return std::atomic_ref<uint32_t>(access_[b]);
   }

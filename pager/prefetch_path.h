@@ -164,7 +164,7 @@ size_t Pager<B>::post_prefetches(Handler& h, const PendingPrefetch* req, size_t 
       continue;
     }
     RemoteAddr from;
-    if (!remote_->resolve_read(pt_.meta(c).remote - 1, &from)) {
+    if (!remote_->resolve_read(pt_.remote(c) - 1, &from)) {
       // No live replica: leave it to a demand fault to report (invariant 6).
       unreserve();
       free_slot(slot);
@@ -343,7 +343,7 @@ Status Pager<B>::prefetch(void* addr, size_t len) {
         continue;
       }
       RemoteAddr from;
-      if (!remote_->resolve_read(pt_.meta(b).remote - 1, &from)) {
+      if (!remote_->resolve_read(pt_.remote(b) - 1, &from)) {
         // No live replica: a fault on it reports the loss (invariant 6).
         unreserve();
         free_slot(slot);

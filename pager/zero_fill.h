@@ -464,7 +464,7 @@ size_t Pager<B>::populate_zero(void* addr, size_t len) noexcept {
 
 template <TransportBackend B>
 uint32_t Pager<B>::clean_if_zero(uint32_t b, uint32_t slot, uint32_t w) {
-  if (!(w & PageTable::kDirty) || pt_.meta(b).remote != 0) return w;
+  if (!(w & PageTable::kDirty) || pt_.remote(b) != 0) return w;
   // Cache-hot (just copied); a block with data fails on its first words.
   const auto* p = reinterpret_cast<const uint64_t*>(slot_addr(slot));
   for (size_t i = 0; i < block_ / 8; i += 8) {

@@ -54,9 +54,9 @@ TEST(PageTableTest, TransitionTableMatchesTheDrawing) {
 TEST(PageTableTest, WordPacksStateFlagsAndSlot) {
   PageTable pt;
   ASSERT_TRUE(pt.init(1000).ok());
-  EXPECT_EQ(sizeof(BlockMeta), 16u);
+  EXPECT_EQ(sizeof(BlockMeta), 12u);
   EXPECT_EQ(PageTable::state_of(pt.load(999)), PageState::kEmpty);
-  EXPECT_EQ(pt.meta(5).remote, 0u);
+  EXPECT_EQ(pt.remote(5), 0u);
   uint32_t w = pt.load(5);
   ASSERT_TRUE(pt.try_transition(5, w, PageTable::make(PageState::kFetching, 0, 12345)));
   pt.finish(5, PageTable::make(PageState::kVictim, PageTable::kDirty, 12345));
@@ -74,6 +74,37 @@ TEST(PageTableTest, WordPacksStateFlagsAndSlot) {
 // block_hash() (the written hint of guessed blocks): the same bytes give
 // the same hash, and a change of any one byte, at any position of a 4 KiB
 // block (each of the four lanes and the last word), gives another.
+// The metadata budget (pager/page_table.h): a block that is resident and
+// on a list pays 12 bytes (word and links); its remote unit is written only
+// when it is first written back, so a heap that fits its budget never
+// touches that array (reading it maps the zero page).
+TEST(PageTableTest, ResidentBlocksPayTwelveBytesUntilWrittenBack) {
+  constexpr uint32_t kBlocks = 1u << 16;  // 768 KiB of words and links
+  PageTable pt;
+  ASSERT_TRUE(pt.init(1u << 22).ok());
+  const size_t empty = pt.resident_bytes();
+  BlockList active(&pt);
+  uint64_t remote_sum = 0;
+  for (uint32_t b = 0; b < kBlocks; ++b) {
+    uint32_t w = pt.load(b);
+    ASSERT_TRUE(pt.try_transition(b, w, PageTable::make(PageState::kFetching, 0, 0)));
+    pt.finish(b, PageTable::make(PageState::kPresent, 0, 0));
+    active.push_front(b);
+    remote_sum += pt.remote(b);  // never written back: 0, and a zero page
+  }
+  EXPECT_EQ(remote_sum, 0u);
+  const size_t resident = pt.resident_bytes();
+  ASSERT_GT(resident, 0u) << "no Rss for the table in /proc/self/smaps";
+  EXPECT_GE(resident - empty, size_t{kBlocks} * 12 - 4096);
+  EXPECT_LE(resident - empty, size_t{kBlocks} * 12 + 8192);
+  for (uint32_t b = 0; b < kBlocks; ++b) pt.remote(b) = b + 1;  // all written back
+  const size_t written = pt.resident_bytes();
+  EXPECT_GE(written - resident, size_t{kBlocks} * 4 - 4096);
+  EXPECT_LE(written - resident, size_t{kBlocks} * 4 + 8192);
+  for (uint32_t b = kBlocks; b-- > 0;) active.remove(b);
+  EXPECT_TRUE(active.empty());
+}
+
 TEST(PageTableTest, BlockHashSeesEveryByte) {
   std::vector<uint8_t> blk(4096);
   std::mt19937 rng(7);
