@@ -425,6 +425,13 @@ void print_stats() {
              (unsigned long long)ps.hot_marked, (unsigned long long)ps.refaults_hot,
              (unsigned long long)ps.hot_passes, (unsigned long long)ps.evicted_behind);
     write_stderr(msg);
+    snprintf(msg, sizeof msg,
+             "farmem: stats: prefetch: %llu issued, %llu used, %llu unused; zero-fill "
+             "fault-around: %llu blocks; faults that waited: %llu\n",
+             (unsigned long long)ps.prefetch_issued, (unsigned long long)ps.prefetch_used,
+             (unsigned long long)ps.prefetch_unused, (unsigned long long)ps.zero_around,
+             (unsigned long long)ps.faults_waited);
+    write_stderr(msg);
   }
   trim_print_stats(msg, sizeof msg);
   write_stderr(msg);
