@@ -884,12 +884,11 @@ size_t Pager<B>::writeback_done(const IoCompletion& c) {
 
 template <TransportBackend B>
 void Pager<B>::discard_remote(uint32_t b) {
-  if (pt_.remote(b) != 0) {
-    // A fork snapshot may still read the unit: then it frees it.
-    if (!fork_.keep_unit(b, pt_.remote(b) - 1, /*discarded=*/true))
-      remote_->free_unit(pt_.remote(b) - 1);
-    pt_.remote(b) = 0;
-  }
+  uint32_t& unit1 = pt_.remote(b);  // the unit + 1
+  if (unit1 == 0) return;
+  // A fork snapshot may still read the unit: then it frees it.
+  if (!fork_.keep_unit(b, unit1 - 1, /*discarded=*/true)) remote_->free_unit(unit1 - 1);
+  unit1 = 0;
 }
 
 template <TransportBackend B>

@@ -922,13 +922,12 @@ void mm_init_self() {
 std::atomic<uint64_t> g_trim_passes{0};
 std::atomic<uint64_t> g_trim_bytes{0};  // resident file pages dropped
 int g_pagemap_fd = -1;
-// Held across a pass by the trim thread and across fork() by the forking
-// thread: glibc's fork does not reset the loader's write lock in the child,
-// so a fork in the middle of a pass (which holds it, in dl_iterate_phdr)
-// would leave the child's dlopen and C++ exception unwinding (which walks
-// the objects with dl_iterate_phdr) blocked for good.
+// Held across every pass and across fork() by the forking thread: glibc's
+// fork does not reset the loader's write lock in the child, so a fork in
+// the middle of a pass (which holds it, in dl_iterate_phdr) would leave the
+// child's dlopen and C++ exception unwinding (which walks the objects with
+// dl_iterate_phdr) blocked for good.
 pthread_mutex_t g_trim_mu = PTHREAD_MUTEX_INITIALIZER;
-bool g_trim_thread = false;               // set before the thread starts, never cleared
 int64_t g_split_room = 0;                 // pages we may still split (mappings to add)
 unsigned long long g_split_adds = ~0ull;  // dlpi_adds when objects were last split
 
@@ -1031,11 +1030,17 @@ uint64_t drop_file_pages(uintptr_t b, uintptr_t e) {
 struct TrimPass {
   bool own_only;
   bool split;
+  bool first = true;
   uint64_t dropped = 0;
 };
 
 int trim_object(struct dl_phdr_info* info, size_t, void* arg) {
   auto* pass = static_cast<TrimPass*>(arg);
+  if (pass->first && !pass->own_only) {
+    pass->split = info->dlpi_adds != g_split_adds;  // objects were loaded since the last split
+    g_split_adds = info->dlpi_adds;
+  }
+  pass->first = false;
   if (info->dlpi_addr == getauxval(AT_SYSINFO_EHDR)) return 0;  // the vDSO: not a file
   const TrimRanges t = trim_ranges(info);
   const uintptr_t me = reinterpret_cast<uintptr_t>(&trim_object);
@@ -1054,21 +1059,12 @@ int trim_object(struct dl_phdr_info* info, size_t, void* arg) {
   return 0;
 }
 
-int count_adds(struct dl_phdr_info* info, size_t, void* arg) {
-  *static_cast<unsigned long long*>(arg) = info->dlpi_adds;
-  return 1;
-}
-
 void trim_pass(bool own_only) {
   if (traced()) return;
   TrimPass pass{own_only, own_only};
-  if (!own_only) {
-    unsigned long long adds = 0;
-    dl_iterate_phdr(&count_adds, &adds);
-    pass.split = adds != g_split_adds;  // objects were loaded since the last split
-    g_split_adds = adds;
-  }
+  pthread_mutex_lock(&g_trim_mu);
   dl_iterate_phdr(&trim_object, &pass);
+  pthread_mutex_unlock(&g_trim_mu);
   g_trim_passes.fetch_add(1, std::memory_order_relaxed);
   g_trim_bytes.fetch_add(pass.dropped, std::memory_order_relaxed);
 }
@@ -1080,9 +1076,7 @@ void* trim_thread_main(void*) {
     struct timespec ts = {static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1000000};
     while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) == EINTR) {
     }
-    pthread_mutex_lock(&g_trim_mu);
     trim_pass(false);
-    pthread_mutex_unlock(&g_trim_mu);
   }
 }
 
@@ -1113,9 +1107,7 @@ void start_trimming() {
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);  // the program's signals are not for it
   pthread_t t;
-  g_trim_thread = true;
   if (int rc = pthread_create(&t, &attr, &trim_thread_main, nullptr); rc != 0) {
-    g_trim_thread = false;
     FARMEM_LOG(kWarn, "preload: no thread to trim code (%s): it is trimmed once only",
                strerror(rc));
   }
@@ -1128,7 +1120,6 @@ void start_trimming() {
 // without the lock (the pass cannot be in the loader's lock then: the
 // forking thread has it).
 bool trim_fork_lock() {
-  if (!g_trim_thread) return false;
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
   until.tv_sec += 2;

@@ -62,6 +62,7 @@ removed, zswap's setting restored, farmemd stopped.
 import argparse
 import csv
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -200,6 +201,7 @@ class Harness:
         self.work = tempfile.mkdtemp(prefix="farmem-eval.")
         os.chmod(self.work, 0o700)
         self.children = []  # Popen objects still running
+        self.report_seq = itertools.count()  # spawn_launched()'s report files
         self.cgroups = []  # paths created
         self.swapfile = None
         self.swap_on = False
@@ -419,6 +421,34 @@ class Harness:
         self.children.append(p)
         return p
 
+    def spawn_launched(self, argv, env, cg, stdin=subprocess.PIPE, stdout=subprocess.PIPE):
+        """Spawns argv through farmem_eval_runprog (bench/eval/workloads/
+        runprog.cc): wait4's ru_maxrss survives execve, so a program forked
+        straight from this (15 MiB) Python process would report the
+        harness's RSS as its peak when its own is smaller. LD_PRELOAD in env
+        goes to the program only. Returns (p, report path); see
+        launched_pid() and launched_report()."""
+        rep = os.path.join(self.work, "report.%d" % next(self.report_seq))
+        launcher = [os.path.join(self.build, "bench", "eval", "farmem_eval_runprog"), rep]
+        if "LD_PRELOAD" in env:
+            launcher += ["--preload", env.pop("LD_PRELOAD")]
+        return self.spawn(launcher + ["--"] + argv, env, cg, stdin=stdin, stdout=stdout), rep
+
+    @staticmethod
+    def launched_pid(rep):
+        """The program's pid once farmem_eval_runprog started it, else None."""
+        m = re.match(r"pid (\d+)", read_file(rep))
+        return int(m.group(1)) if m else None
+
+    @staticmethod
+    def launched_report(rep):
+        """farmem_eval_runprog's report once the program ended (status,
+        signal, wall_s, user_s, sys_s, maxrss_kib), else None."""
+        try:
+            return json.loads(read_file(rep).splitlines()[-1])
+        except (IndexError, ValueError):
+            return None
+
     @staticmethod
     def wait_rusage(p, timeout):
         """wait4 with a deadline: (status, ru_maxrss KiB) or None on timeout."""
@@ -575,26 +605,19 @@ class Harness:
             cell.update(status="fail", reason="%s: %s" % (what, tail or "no stderr"))
 
     def run_program(self, cell, workload, env, cg):
-        """Runs a workload through farmem_eval_runprog, as the programs set
-        does: wait4's ru_maxrss survives execve, so a workload forked
-        straight from this (15 MiB) Python process would report the
-        harness's RSS as its peak when its own is smaller (pagerank's 14
-        MiB; farmem's local part L, and so its budget, came out 1 MiB off).
-        """
+        """Runs a workload through farmem_eval_runprog (spawn_launched()):
+        forked from here, pagerank (14 MiB) reported the harness's RSS, and
+        farmem's local part L, and so its budget, came out 1 MiB off."""
         cmd = [os.path.join(self.build, "bench", "eval", BINARY[workload])] + self.sizes[workload]
         env["FARMEM_EVAL_HOLD"] = "1"
-        rep = os.path.join(self.work, "report.%d" % len(self.cells))
-        launcher = [os.path.join(self.build, "bench", "eval", "farmem_eval_runprog"), rep]
-        if "LD_PRELOAD" in env:
-            launcher += ["--preload", env.pop("LD_PRELOAD")]
-        p = self.spawn(launcher + ["--"] + cmd, env, cg)
+        p, rep = self.spawn_launched(cmd, env, cg)
         deadline = time.time() + self.a.timeout
         res = self.read_result_line(p, cell, deadline)
         if res is not None:
             self.absorb(cell, res)
-            m = re.match(r"pid (\d+)", read_file(rep))
-            if cell["system"].startswith("fm-") and m:
-                self.far_stats(int(m.group(1)), cell)
+            pid = self.launched_pid(rep)
+            if cell["system"].startswith("fm-") and pid:
+                self.far_stats(pid, cell)
         try:
             p.stdin.close()
         except OSError:
@@ -607,11 +630,7 @@ class Harness:
             return
         self.children.remove(p)
         rc = w[0]
-        lines = read_file(rep).splitlines()
-        try:
-            report = json.loads(lines[-1]) if len(lines) >= 2 else {}
-        except ValueError:
-            report = {}
+        report = self.launched_report(rep) or {}
         cell["peak_rss_bytes"] = report.get("maxrss_kib", 0) * 1024
         if rc != 0:
             self.fail_from(cell, p, "exit status %d" % rc)

@@ -297,14 +297,9 @@ class Programs:
         fm = cell["system"].startswith("fm-")
         fd_cpu0 = proc_cpu_s(self.h.farmemd.pid) if (cell["system"] == "fm-tcp"
                                                      and self.h.farmemd) else None
-        rep = os.path.join(self.h.work, "report.%d" % len(self.cells))
-        launcher = [os.path.join(self.h.build, "bench", "eval", "farmem_eval_runprog"), rep]
-        if "LD_PRELOAD" in env:
-            launcher += ["--preload", env.pop("LD_PRELOAD")]
         t0 = time.time()
         try:
-            p = self.h.spawn(launcher + ["--"] + argv, env, cg, stdin=fin,
-                             stdout=subprocess.PIPE)
+            p, rep = self.h.spawn_launched(argv, env, cg, stdin=fin, stdout=subprocess.PIPE)
         finally:
             if stdin_path:
                 fin.close()
@@ -335,9 +330,7 @@ class Programs:
             if eof:
                 time.sleep(0.003)
             if child is None:
-                m = re.match(r"pid (\d+)", ev.read_file(rep))
-                if m:
-                    child = int(m.group(1))
+                child = self.h.launched_pid(rep)
             # The stats socket is read only in the last part of the cell's
             # time, for a cell killed at its timeout (the exit summary has
             # the counters otherwise): a query maps ~0.4 MiB of farmem's and
@@ -371,11 +364,7 @@ class Programs:
                         wall_s=round(timeout, 3))
         else:
             self.h.children.remove(p)
-            lines = ev.read_file(rep).splitlines()
-            try:
-                r = json.loads(lines[-1])
-            except (IndexError, ValueError):
-                r = None
+            r = self.h.launched_report(rep)
             if r is None:
                 err = ev.read_file(p.errpath).strip().splitlines()
                 cell.update(status="fail", reason="launcher exit status %d, no report: %s" % (
