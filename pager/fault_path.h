@@ -236,21 +236,30 @@ bool Pager<B>::retry_read(Handler& h, const Inflight& f, Errc why) {
 // CPU 1: ~64% of its faults were served by the handler on CPU 0 (context
 // switches of the two handlers and of farmemd's CPU-following data
 // threads), fetch p50 64 us; with the program pinned to one CPU (one
-// handler) 32 us. So when the faults come from the main thread alone,
-// the handlers not on its CPU park: an idle handler whose CPU is not the
-// one of the main thread's latest fault sleeps on park_ (a futex) instead
-// of reading the uffd, and the handler left reading runs on the main
-// thread's CPU. Where the main thread runs is one load of its rseq area's
-// cpu_id (pager/park.h); the fault's ptid (UFFD_FEATURE_THREAD_ID) says
-// whether the main thread faulted. A main-thread fault on another CPU
-// wakes the parked handlers (the one there stays up, the rest park
-// again); a fault of any other thread wakes them and keeps every handler
-// up until kParkAfterOtherNs pass without one, so multi-threaded programs
-// keep one handler per CPU. The handler on the main thread's CPU never
-// parks, so one always reads the uffd; a parked handler looks again every
-// kParkNs, and comes back at once for a fork or ~Pager (park_.bump()).
-// Off when the pager starts on another thread than the main one (its rseq
-// area could be freed), without rseq or THREAD_ID, and with one handler.
+// handler) 32 us. So when the faults come from one thread alone, the
+// handlers not on its CPU park: an idle handler whose CPU is not the one
+// of that thread's latest fault sleeps on park_ (a futex) instead of
+// reading the uffd, and the handler left reading runs on the faulting
+// thread's CPU. The fault's ptid (UFFD_FEATURE_THREAD_ID) names the
+// thread; where it runs is one load of its rseq area's cpu_id
+// (pager/park.h): the main thread's directly, any other's through the
+// registry preload/shim.cc puts every thread the program starts in (one
+// uncontended lock). A fault on another CPU wakes the parked handlers (the
+// one there stays up, the rest park again); a fault of another thread than
+// the last one's, or of a thread not in the registry, wakes them and keeps
+// every handler up until kParkAfterOtherNs pass without one, so
+// multi-threaded programs keep one handler per CPU. The handler on the
+// faulting thread's CPU never parks, so one always reads the uffd; a
+// parked handler looks again every kParkNs, and comes back at once for a
+// fork or ~Pager (park_.bump()). Off when the pager starts on another
+// thread than the main one (the main thread's rseq area could be freed),
+// without rseq or THREAD_ID, and with one handler.
+// Measured, the worker thread (zstd -19 --long=27 -T1 of 10 MiB of text
+// at FARMEM_LOCAL_MEM=72M over tcp: every fault from its one worker):
+// before the registry every fault woke both handlers, 15k cross-CPU
+// wake-up IPIs a second (perf, ipi:ipi_send_cpu from handle_userfault),
+// 101-107 s in four runs; with it 82-84 s in two (all threads confined to
+// one CPU with taskset: 76-80 s), output identical.
 //
 // Written blocks come back writable (PageTable::kWritten): a block that
 // was dirty when it last left local memory (written back) is mapped
@@ -776,9 +785,18 @@ uint32_t Pager<B>::refault_laps(uint32_t b) {
 template <TransportBackend B>
 void Pager<B>::note_faulter(const uffd_msg& m) {
   if (main_cpu_ == nullptr) return;
-  if (static_cast<int>(m.arg.pagefault.feat.ptid) != main_tid_) {
-    // Another thread faults: every handler stays up (a parked one comes
-    // back within kParkNs) until kParkAfterOtherNs have passed without.
+  const int tid = static_cast<int>(m.arg.pagefault.feat.ptid);
+  // The CPU of the thread that faulted, when that thread also made the
+  // last fault, or this is the first (-1: another thread made it, or this
+  // one is not registered).
+  int c = -1;
+  const int last = faulter_tid_.exchange(tid, std::memory_order_relaxed);
+  if (last == tid || last == 0)
+    c = tid == main_tid_ ? read_cpu(main_cpu_) : registered_thread_cpu(tid);
+  if (c < 0) {
+    // Faults from more than one thread, or from one whose CPU is unknown:
+    // every handler stays up (a parked one comes back within kParkNs)
+    // until kParkAfterOtherNs have passed without.
     const uint64_t now = pager_detail::now_ns();
     const uint64_t was = other_fault_ns_.load(std::memory_order_relaxed);
     if (now - was > kParkAfterOtherNs / 8) {
@@ -787,8 +805,7 @@ void Pager<B>::note_faulter(const uffd_msg& m) {
     }
     return;
   }
-  const int c = read_cpu(main_cpu_);
-  if (c < 0 || c == fault_cpu_.load(std::memory_order_relaxed)) return;
+  if (c == fault_cpu_.load(std::memory_order_relaxed)) return;
   fault_cpu_.store(c, std::memory_order_seq_cst);
   park_.bump();  // the handler there comes back, the others look again
 }

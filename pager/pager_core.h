@@ -674,9 +674,11 @@ class Pager {
   // Parked handlers (fault_path.h "Parked handlers"). main_cpu_: the main
   // thread's rseq cpu_id (null: parking off); main_tid_: its thread id, as
   // a fault's ptid names it; handler_cpus_: bit c set when a handler is
-  // pinned to CPU c; fault_cpu_: the CPU of the main thread's latest
-  // fault (-1: none yet); other_fault_ns_: when a thread other than the
-  // main thread last faulted (0: never); park_: parked handlers sleep on it.
+  // pinned to CPU c; fault_cpu_: the CPU of the faulting thread's latest
+  // fault (-1: none yet); other_fault_ns_: when the faults last came from
+  // more than one thread, or from one whose CPU is unknown (0: never);
+  // faulter_tid_: the thread of the latest fault; park_: parked handlers
+  // sleep on it.
   static constexpr long kParkNs = 50'000'000;                 // a parked handler looks again
   static constexpr uint64_t kParkAfterOtherNs = 100'000'000;  // no parking this soon after
   const volatile uint32_t* main_cpu_ = nullptr;
@@ -684,6 +686,7 @@ class Pager {
   uint64_t handler_cpus_ = 0;
   std::atomic<int> fault_cpu_{-1};
   std::atomic<uint64_t> other_fault_ns_{0};
+  std::atomic<int> faulter_tid_{0};
   ParkWord park_;
 
   // Idle handlers block in read() (see the comment above handler_main() in

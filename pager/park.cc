@@ -1,6 +1,7 @@
 #include "pager/park.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/rseq.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -11,13 +12,75 @@
 
 namespace farmem {
 
-const volatile uint32_t* main_thread_cpu() {
-  if (syscall(SYS_gettid) != getpid()) return nullptr;
+namespace {
+
+const volatile uint32_t* own_rseq_cpu() {
   if (__rseq_size < offsetof(struct rseq, cpu_id) + sizeof(uint32_t)) return nullptr;
   auto* area = reinterpret_cast<struct rseq*>(static_cast<char*>(__builtin_thread_pointer()) +
                                               __rseq_offset);
   if (static_cast<int32_t>(area->cpu_id) < 0) return nullptr;
   return &area->cpu_id;
+}
+
+// The registry: few threads, looked up by a handler per fault of a thread
+// that is not the main one, so a short array under a spinlock (tiny
+// sections; a plain word, so that a fork()ed child can reset it).
+struct ThreadCpus {
+  std::atomic<int> lock{0};
+  int n = 0;
+  int tid[256];
+  const volatile uint32_t* cpu[256];
+};
+ThreadCpus g_thread_cpus;
+
+class RegistryLock {
+ public:
+  RegistryLock() {
+    while (g_thread_cpus.lock.exchange(1, std::memory_order_acquire) != 0) sched_yield();
+  }
+  ~RegistryLock() { g_thread_cpus.lock.store(0, std::memory_order_release); }
+};
+
+}  // namespace
+
+void register_thread_cpu() {
+  const volatile uint32_t* cpu = own_rseq_cpu();
+  if (cpu == nullptr) return;
+  const int tid = static_cast<int>(syscall(SYS_gettid));
+  RegistryLock lk;
+  if (g_thread_cpus.n == 256) return;
+  g_thread_cpus.tid[g_thread_cpus.n] = tid;
+  g_thread_cpus.cpu[g_thread_cpus.n] = cpu;
+  ++g_thread_cpus.n;
+}
+
+void unregister_thread_cpu() {
+  const int tid = static_cast<int>(syscall(SYS_gettid));
+  RegistryLock lk;
+  for (int i = 0; i < g_thread_cpus.n; ++i) {
+    if (g_thread_cpus.tid[i] != tid) continue;
+    --g_thread_cpus.n;
+    g_thread_cpus.tid[i] = g_thread_cpus.tid[g_thread_cpus.n];
+    g_thread_cpus.cpu[i] = g_thread_cpus.cpu[g_thread_cpus.n];
+    return;
+  }
+}
+
+void forget_thread_cpus() {
+  g_thread_cpus.n = 0;
+  g_thread_cpus.lock.store(0, std::memory_order_release);
+}
+
+int registered_thread_cpu(int tid) {
+  RegistryLock lk;
+  for (int i = 0; i < g_thread_cpus.n; ++i)
+    if (g_thread_cpus.tid[i] == tid) return read_cpu(g_thread_cpus.cpu[i]);
+  return -1;
+}
+
+const volatile uint32_t* main_thread_cpu() {
+  if (syscall(SYS_gettid) != getpid()) return nullptr;
+  return own_rseq_cpu();
 }
 
 void ParkWord::wait(uint32_t seen, long ns) {

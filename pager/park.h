@@ -4,6 +4,8 @@
 //
 //   const volatile uint32_t* cpu = main_thread_cpu();   // null: unknown
 //   int c = read_cpu(cpu);                              // -1: unknown
+//   register_thread_cpu(); ... unregister_thread_cpu(); // in a thread
+//   int d = registered_thread_cpu(tid);                 // -1: unknown
 //   ParkWord w;  w.wait(w.load(), 50'000'000);  w.bump();
 //
 // main_thread_cpu() is the main thread's rseq area's cpu_id (glibc
@@ -12,6 +14,11 @@
 // any thread can tell where the main thread runs with one load. It is only
 // returned on the main thread itself, whose thread control block lives as
 // long as the process: a thread's rseq area is freed with its stack.
+// Other threads' areas are read through a registry instead: a thread puts
+// its own area in (register_thread_cpu()) and takes it out before it ends
+// (unregister_thread_cpu(); preload/shim.cc does both around every thread
+// the program starts), and registered_thread_cpu() reads an area under the
+// registry's lock, so never after its thread took it out.
 #pragma once
 
 #include <atomic>
@@ -24,6 +31,18 @@ namespace farmem {
 // otherwise (another thread, rseq off with glibc.pthread.rseq=0, an older
 // glibc).
 const volatile uint32_t* main_thread_cpu();
+
+// The calling thread's rseq cpu_id goes into the registry (nothing
+// without rseq, or when 256 threads are in it already) / comes out of it.
+// A thread that registered must unregister before it exits.
+void register_thread_cpu();
+void unregister_thread_cpu();
+// In a fork()ed child (one thread left): empties the registry and frees
+// its lock, which another thread of the parent may have held.
+void forget_thread_cpus();
+
+// The CPU a registered thread `tid` runs on, or -1 (not registered).
+int registered_thread_cpu(int tid);
 
 // The CPU `*cpu` names, or -1 (null, or rseq's "not registered" values).
 inline int read_cpu(const volatile uint32_t* cpu) {

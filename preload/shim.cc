@@ -92,6 +92,7 @@
 #include "allocator/local_scope.h"
 #include "allocator/options.h"
 #include "farmem/farmem.h"
+#include "pager/park.h"
 #include "runtime/log.h"
 #include "runtime/parse.h"
 
@@ -283,6 +284,28 @@ void* local_thread_main(void* raw) {
   return t.fn(t.arg);
 }
 
+// A thread the program starts: in the registry of threads whose CPU the
+// pager's handlers may read (pager/park.h), for as long as its start
+// routine runs, so that the handlers not on its CPU can park while it is
+// the one thread that faults (pager/fault_path.h "Parked handlers"). The
+// cleanup handler takes it out on a return, pthread_exit() and
+// cancellation alike, before glibc frees the thread's stack (and the rseq
+// area in it).
+void unregister_cpu(void*) {
+  farmem::unregister_thread_cpu();
+}
+
+void* app_thread_main(void* raw) {
+  Trampoline t = *static_cast<Trampoline*>(raw);
+  __libc_free(raw);
+  void* ret = nullptr;
+  farmem::register_thread_cpu();
+  pthread_cleanup_push(unregister_cpu, nullptr);
+  ret = t.fn(t.arg);
+  pthread_cleanup_pop(1);
+  return ret;
+}
+
 // Set in a fork()ed child (see fork() in the header).
 bool g_fork_child = false;
 thread_local bool t_fork_prepared = false;
@@ -336,6 +359,7 @@ void on_fork_child() {
   int s = g_state.load(std::memory_order_relaxed);
   if (s != kBoot) g_state.store(kOff, std::memory_order_relaxed);
   g_min_far.store(SIZE_MAX, std::memory_order_relaxed);
+  farmem::forget_thread_cpus();  // its lock may have been held by a thread left behind
   if (b != nullptr) b->fork_child();
 }
 
@@ -654,12 +678,11 @@ FARMEM_EXPORT size_t malloc_usable_size(void* p) noexcept {
 FARMEM_EXPORT int pthread_create(pthread_t* t, const pthread_attr_t* attr, void* (*fn)(void*),
                                  void* arg) noexcept {
   CreateFn real = real_create();
-  if (!farmem::in_local_scope()) return real(t, attr, fn, arg);
   auto* tr = static_cast<Trampoline*>(__libc_malloc(sizeof(Trampoline)));
   if (tr == nullptr) return EAGAIN;
   tr->fn = fn;
   tr->arg = arg;
-  int rc = real(t, attr, &local_thread_main, tr);
+  int rc = real(t, attr, farmem::in_local_scope() ? &local_thread_main : &app_thread_main, tr);
   if (rc != 0) __libc_free(tr);
   return rc;
 }

@@ -9,14 +9,17 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "pager/park.h"
 #include "tests/pager/pager_harness.h"
 
 namespace farmem::testing {
@@ -584,7 +587,8 @@ void write_and_check(uint8_t* mem, size_t pages, uint64_t version) {
 // With faults from the main thread alone, the handler that is not on its
 // CPU parks: it is no longer woken by each fault (the old behaviour: every
 // handler blocked in read() was, and the one on the other CPU served most
-// faults). A fault from another thread brings it back. Byte-exact always.
+// faults). A fault from another thread brings it back; faults from that
+// one thread alone park the handler not on its CPU. Byte-exact always.
 TEST(PagerFaultPath, HandlersOffTheMainThreadsCpuPark) {
   FARMEM_SKIP_WITHOUT_UFFD();
   const std::vector<int> cpus = allowed_cpus();
@@ -631,6 +635,37 @@ TEST(PagerFaultPath, HandlersOffTheMainThreadsCpuPark) {
     const long away2 = switches_of(fault_threads(), cpus[1]) - switches_of(b2, cpus[1]);
     EXPECT_GE(away2, 1000) << "the handler on the other thread's CPU";
     write_and_check(mem, 1024, 11);
+
+    // Faults from one thread that is not the main one (a program whose
+    // worker does the work, registered as preload/shim.cc registers every
+    // thread it starts): the handler on the main thread's CPU parks in turn.
+    std::thread w([&] {
+      cpu_set_t other;
+      CPU_ZERO(&other);
+      CPU_SET(cpus[1], &other);
+      ASSERT_EQ(sched_setaffinity(0, sizeof other, &other), 0);
+      register_thread_cpu();
+      struct Out {
+        ~Out() { unregister_thread_cpu(); }
+      } out;
+      EXPECT_EQ(registered_thread_cpu(static_cast<int>(gettid())), cpus[1]);
+      write_and_check(mem, 1024, 12);
+      // Past kParkAfterOtherNs since the main thread's last fault.
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      write_and_check(mem, 1024, 13);
+      const auto b3 = fault_threads();
+      const uint64_t f3 = p.stats().faults_remote;
+      for (uint64_t round = 14; round < 17; ++round) write_and_check(mem, 1024, round);
+      const auto a3 = fault_threads();
+      const uint64_t faults3 = p.stats().faults_remote - f3;
+      const long home3 = switches_of(a3, cpus[1]) - switches_of(b3, cpus[1]);
+      const long away3 = switches_of(a3, cpus[0]) - switches_of(b3, cpus[0]);
+      EXPECT_GE(home3, static_cast<long>(faults3) / 4) << "the handler on the worker's CPU";
+      EXPECT_LT(away3, static_cast<long>(faults3) / 20)
+          << "the handler on the main thread's CPU, over " << faults3 << " faults of the worker";
+    });
+    w.join();
+    write_and_check(mem, 1024, 17);
   }
   ASSERT_EQ(sched_setaffinity(0, sizeof old_set, &old_set), 0);
 }
