@@ -72,10 +72,17 @@ void forget_thread_cpus() {
 }
 
 int registered_thread_cpu(int tid) {
-  RegistryLock lk;
-  for (int i = 0; i < g_thread_cpus.n; ++i)
-    if (g_thread_cpus.tid[i] == tid) return read_cpu(g_thread_cpus.cpu[i]);
-  return -1;
+  // Never waits: the caller is a fault handler, and the holder may be a
+  // thread whose signal handler waits for that handler's fault.
+  if (g_thread_cpus.lock.exchange(1, std::memory_order_acquire) != 0) return -1;
+  int cpu = -1;
+  for (int i = 0; i < g_thread_cpus.n; ++i) {
+    if (g_thread_cpus.tid[i] != tid) continue;
+    cpu = read_cpu(g_thread_cpus.cpu[i]);
+    break;
+  }
+  g_thread_cpus.lock.store(0, std::memory_order_release);
+  return cpu;
 }
 
 const volatile uint32_t* main_thread_cpu() {

@@ -16,9 +16,10 @@
 // long as the process: a thread's rseq area is freed with its stack.
 // Other threads' areas are read through a registry instead: a thread puts
 // its own area in (register_thread_cpu()) and takes it out before it ends
-// (unregister_thread_cpu(); preload/shim.cc does both around every thread
-// the program starts), and registered_thread_cpu() reads an area under the
-// registry's lock, so never after its thread took it out.
+// (unregister_thread_cpu(); preload/shim.cc does both for every thread the
+// program starts, the latter from a thread-specific data destructor), and
+// registered_thread_cpu() reads an area under the registry's lock, so
+// never after its thread took it out.
 #pragma once
 
 #include <atomic>
@@ -41,7 +42,8 @@ void unregister_thread_cpu();
 // its lock, which another thread of the parent may have held.
 void forget_thread_cpus();
 
-// The CPU a registered thread `tid` runs on, or -1 (not registered).
+// The CPU a registered thread `tid` runs on, or -1 (not registered, or
+// the registry is busy: this never waits).
 int registered_thread_cpu(int tid);
 
 // The CPU `*cpu` names, or -1 (null, or rseq's "not registered" values).

@@ -285,12 +285,18 @@ void* local_thread_main(void* raw) {
 }
 
 // A thread the program starts: in the registry of threads whose CPU the
-// pager's handlers may read (pager/park.h), for as long as its start
-// routine runs, so that the handlers not on its CPU can park while it is
-// the one thread that faults (pager/fault_path.h "Parked handlers"). The
-// cleanup handler takes it out on a return, pthread_exit() and
-// cancellation alike, before glibc frees the thread's stack (and the rseq
-// area in it).
+// pager's handlers may read (pager/park.h), so that the handlers not on its
+// CPU can park while it is the one thread that faults (pager/fault_path.h
+// "Parked handlers"). It comes out through a thread-specific data
+// destructor, which glibc runs in the thread on a return, pthread_exit()
+// and cancellation alike, before the thread's stack (and the rseq area in
+// it) goes. Not a cleanup handler (pthread_cleanup_push): in C++ that is a
+// destructor the unwinder must run, and a forced unwind by glibc's
+// libgcc_s through this library's own static copy of the unwinder aborts
+// the program.
+pthread_key_t g_cpu_key;
+bool g_cpu_key_ok = false;  // set by the constructor, before any thread of ours
+
 void unregister_cpu(void*) {
   farmem::unregister_thread_cpu();
 }
@@ -298,12 +304,11 @@ void unregister_cpu(void*) {
 void* app_thread_main(void* raw) {
   Trampoline t = *static_cast<Trampoline*>(raw);
   __libc_free(raw);
-  void* ret = nullptr;
-  farmem::register_thread_cpu();
-  pthread_cleanup_push(unregister_cpu, nullptr);
-  ret = t.fn(t.arg);
-  pthread_cleanup_pop(1);
-  return ret;
+  // The destructor first: a thread that ends before it registered only
+  // takes out what is not there.
+  if (g_cpu_key_ok && pthread_setspecific(g_cpu_key, reinterpret_cast<void*>(1)) == 0)
+    farmem::register_thread_cpu();
+  return t.fn(t.arg);
 }
 
 // Set in a fork()ed child (see fork() in the header).
@@ -483,6 +488,7 @@ __attribute__((constructor)) void preload_init() {
     g_have_main0 = main_times(&g_main0);
   }
   pthread_atfork(&on_fork_prepare, &on_fork_parent, &on_fork_child);
+  g_cpu_key_ok = pthread_key_create(&g_cpu_key, &unregister_cpu) == 0;
   // The preload heap is the process's only one and is never destroyed: it
   // may use jemalloc's thread caches (far_heap.h).
   g_opts->thread_cache = true;

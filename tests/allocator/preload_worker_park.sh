@@ -6,10 +6,10 @@
 # starts a worker thread that pins itself to the second CPU and pages a
 # 32 MiB buffer through an 8 MiB budget (loopback donor, no prefetch: one
 # fault a page) while the main
-# thread waits in join(). Over three passes of the worker's faults, the
+# thread waits in join(). Over the last three of its five passes, the
 # handler on the main thread's CPU (the first) must have parked: woken
-# fewer than 1 in 20 faults, and 20 times less often than the one on the
-# worker's CPU, which serves them.
+# fewer times than 1 in 20 of the run's remote faults, and 20 times less
+# often than the one on the worker's CPU, which serves them.
 # Before the registry every handler stayed up for such a program, and each
 # fault woke both. The buffer must read back right.
 set -euo pipefail
