@@ -243,8 +243,9 @@ bool Pager<B>::retry_read(Handler& h, const Inflight& f, Errc why) {
 // thread's CPU. The fault's ptid (UFFD_FEATURE_THREAD_ID) names the
 // thread; where it runs is one load of its rseq area's cpu_id
 // (pager/park.h): the main thread's directly, any other's through the
-// registry preload/shim.cc puts every thread the program starts in (one
-// uncontended lock). A fault on another CPU wakes the parked handlers (the
+// registry preload/shim.cc puts every thread the program starts in (a
+// spinlock the handler never waits for: busy reads as unknown). A fault on
+// another CPU wakes the parked handlers (the
 // one there stays up, the rest park again); a fault of another thread than
 // the last one's, or of a thread not in the registry, wakes them and keeps
 // every handler up until kParkAfterOtherNs pass without one, so
