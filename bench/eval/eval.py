@@ -811,29 +811,15 @@ class Harness:
         """--runs N: the cell runs N times in all, each run next to a fresh
         all-local run; its norm is the median of the pairs' throughput
         ratios, and the run with that ratio gives the cell's counters
-        (programs.py's repeat_cell() does the same with wall times)."""
+        (repeat_paired())."""
         if c["status"] != "ok" or self.a.runs <= 1 or not c.get("throughput"):
             return c
-        runs = []
-        for i in range(self.a.runs):
-            c2 = c if i == 0 else self.safe_run_cell(w, s, r)
-            if c2["status"] != "ok" or not c2.get("throughput"):
-                c["notes"].append("repeat run %d ended %s: %s" % (
-                    i + 1, c2["status"], c2.get("reason", "")))
-                break
-            p = self.safe_run_cell(w, "local", 100)
-            if p["status"] != "ok" or not p.get("throughput"):
-                c["notes"].append("the all-local run paired with run %d failed" % (i + 1))
-                break
-            runs.append((c2["throughput"] / p["throughput"], c2, p["throughput"]))
-        if not runs:
-            return c
-        runs.sort(key=lambda x: x[0])
-        med, best, _ = runs[(len(runs) - 1) // 2]
-        best["notes"] = c["notes"] + [n for n in best["notes"] if n not in c["notes"]]
-        best["norm"] = med
-        best["slowdown"] = 1 / med
-        best["pairs"] = [[x[1]["throughput"], x[2]] for x in runs]
+        med, best = repeat_paired(c, self.a.runs, lambda: self.safe_run_cell(w, s, r),
+                                  lambda: self.safe_run_cell(w, "local", 100),
+                                  lambda x: x.get("throughput"), "all-local")
+        if med is not None:
+            best["norm"] = med
+            best["slowdown"] = 1 / med
         return best
 
     def safe_run_cell(self, w, s, r):
@@ -867,6 +853,35 @@ class Harness:
         else:
             log("%-9s %-11s %3d%%  %s: %s" % (c["workload"], c["system"], c["ratio"],
                                             c["status"].upper(), c.get("reason", "")))
+
+
+def repeat_paired(c, n, rerun, run_ref, value, ref_name):
+    """--runs N, both sets: c (a finished cell) and n - 1 more runs
+    (rerun()), each followed by a fresh reference run (run_ref()); value()
+    is the figure compared (throughput, wall time). Returns the median of
+    the pairs' ratios value(run) / value(reference) and the run with that
+    ratio, which gets c's notes and every pair in "pairs" ([run's figure,
+    reference's figure]); (None, c) when no pair ran. A run or reference
+    that fails ends the series with a note in c."""
+    runs = []
+    for i in range(n):
+        c2 = c if i == 0 else rerun()
+        if c2["status"] != "ok" or not value(c2):
+            c["notes"].append("repeat run %d ended %s: %s" % (
+                i + 1, c2["status"], c2.get("reason", "")))
+            break
+        p = run_ref()
+        if p["status"] != "ok" or not value(p):
+            c["notes"].append("the %s run paired with run %d failed" % (ref_name, i + 1))
+            break
+        runs.append((value(c2) / value(p), c2, value(p)))
+    if not runs:
+        return None, c
+    runs.sort(key=lambda x: x[0])
+    ratio, best, _ = runs[(len(runs) - 1) // 2]
+    best["notes"] = c["notes"] + [m for m in best["notes"] if m not in c["notes"]]
+    best["pairs"] = [[value(x[1]), x[2]] for x in runs]
+    return ratio, best
 
 
 def proc_status_kib_meminfo():

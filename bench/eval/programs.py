@@ -663,29 +663,12 @@ class Programs:
         set, 0.98-1.01x in three interleaved pairs)."""
         if c["status"] != "ok" or self.a.runs <= 1:
             return c
-        runs = []
-        for i in range(self.a.runs):
-            if i > 0:
-                c2 = self.safe_run_cell(prog, system, ratio,
-                                        raise_pct=c.get("limit_raised_pct", 0))
-                if c2["status"] != "ok":
-                    c["notes"].append("repeat run %d ended %s: %s" % (
-                        i + 1, c2["status"], c2.get("reason", "")))
-                    break
-            else:
-                c2 = c
-            p = self.safe_run_cell(prog, "local", None)
-            if p["status"] != "ok":
-                c["notes"].append("the plain run paired with run %d failed" % (i + 1))
-                break
-            runs.append((c2["wall_s"] / p["wall_s"], c2, p["wall_s"]))
-        if not runs:
-            return c
-        runs.sort(key=lambda r: r[0])
-        ratio_med, best, _ = runs[(len(runs) - 1) // 2]
-        best["notes"] = c["notes"] + [n for n in best["notes"] if n not in c["notes"]]
-        best["x_plain"] = round(ratio_med, 3)
-        best["pairs"] = [[r[1]["wall_s"], r[2]] for r in runs]
+        med, best = ev.repeat_paired(
+            c, self.a.runs,
+            lambda: self.safe_run_cell(prog, system, ratio, raise_pct=c.get("limit_raised_pct", 0)),
+            lambda: self.safe_run_cell(prog, "local", None), lambda x: x.get("wall_s"), "plain")
+        if med is not None:
+            best["x_plain"] = round(med, 3)
         return best
 
     def find(self, prog, system, ratio):

@@ -33,6 +33,14 @@ static uint64_t fill_and_sum(struct Job* j, int rounds) {
   return sum;
 }
 
+/* Counts the thread in for main, which waits for them all. */
+static void tell_main(struct Job* j) {
+  pthread_mutex_lock(j->mu);
+  ++*j->started;
+  pthread_cond_broadcast(j->cv);
+  pthread_mutex_unlock(j->mu);
+}
+
 static void* returns(void* p) {
   struct Job* j = p;
   j->sum = fill_and_sum(j, 2);
@@ -49,10 +57,7 @@ static void* exits(void* p) {
 static void* waits_to_be_cancelled(void* p) {
   struct Job* j = p;
   j->sum = fill_and_sum(j, 2);
-  pthread_mutex_lock(j->mu);
-  ++*j->started;
-  pthread_cond_broadcast(j->cv);
-  pthread_mutex_unlock(j->mu);
+  tell_main(j);
   for (;;) pause(); /* a cancellation point */
   return NULL;
 }
@@ -60,10 +65,7 @@ static void* waits_to_be_cancelled(void* p) {
 static void* detached(void* p) {
   struct Job* j = p;
   j->sum = fill_and_sum(j, 1);
-  pthread_mutex_lock(j->mu);
-  ++*j->started;
-  pthread_cond_broadcast(j->cv);
-  pthread_mutex_unlock(j->mu);
+  tell_main(j);
   if (j->id % 2) pthread_exit(NULL);
   return NULL;
 }
