@@ -90,6 +90,11 @@ struct DonorOptions {
   // requests come from (donor_server.cc "follow_sender_cpu"); farmemd
   // --follow-cpu=off turns it off.
   bool follow_local_senders = true;
+  // A client on this host (its control connection comes from loopback)
+  // reads and writes its slabs itself, one-sided, as a verbs client would
+  // ("Local clients" in donor_server.cc). Needs a tcp-only donor (no RDMA
+  // device in use); farmemd --local-clients=off turns it off.
+  bool local_clients = true;
   // Extras beyond the agreed API.
   // A peer that does not take a reply within this long is disconnected, so
   // it cannot hold a thread or a slab pin forever.

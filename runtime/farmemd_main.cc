@@ -51,6 +51,8 @@ constexpr FlagDef kFlags[] = {
      "data path; auto: verbs too when an RDMA device owns the listen address"},
     {"follow-cpu", "on|off", "on",
      "serve each data connection from this host on the CPU that sends its requests"},
+    {"local-clients", "on|off", "on",
+     "a client on this host reads and writes its slabs itself, one-sided (tcp-only donors)"},
     {"max-clients", "N", "256", "client sessions served at once"},
     {"quota-per-client", "SIZE", "0", "most one client may lease; 0 = up to --capacity"},
     {"heartbeat-interval", "DURATION", "1s", "heartbeat period asked of clients"},
@@ -157,6 +159,10 @@ Status apply(Settings* s, const FlagDef& f, std::string_view v, const std::strin
     auto r = parse_bool(v, what);
     if (!r.ok()) return r.status();
     o.follow_local_senders = *r;
+  } else if (name == "local-clients") {
+    auto r = parse_bool(v, what);
+    if (!r.ok()) return r.status();
+    o.local_clients = *r;
   } else if (name == "insecure") {
     auto r = parse_bool(v, what);
     if (!r.ok()) return r.status();

@@ -50,7 +50,14 @@ Result<std::unique_ptr<SlabPool>> SlabPool::create(const SlabPoolOptions& o) {
                       " slabs, more than slab ids can number: use a larger slab size",
                       o.capacity, n);
 
+  if (o.shared && o.registrar != nullptr)
+    return make_error(Errc::kInvalidArgument,
+                      "a shared slab pool (one-sided access for local clients) cannot also be "
+                      "registered with an RDMA device");
+
   std::unique_ptr<SlabPool> pool(new SlabPool());
+  pool->shared_ = o.shared;
+  const int kind = o.shared ? MAP_SHARED : MAP_PRIVATE;
   pool->capacity_ = o.capacity;
   pool->slab_size_ = o.slab_size;
   pool->quota_ =
@@ -64,8 +71,8 @@ Result<std::unique_ptr<SlabPool>> SlabPool::create(const SlabPoolOptions& o) {
   if (o.try_hugepages) {
     uint64_t hp = huge_page_size();
     if (o.capacity % hp == 0 && o.slab_size % hp == 0) {
-      p = mmap(nullptr, o.capacity, PROT_READ | PROT_WRITE,
-               MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+      p = mmap(nullptr, o.capacity, PROT_READ | PROT_WRITE, kind | MAP_ANONYMOUS | MAP_HUGETLB, -1,
+               0);
       if (p == MAP_FAILED)
         FARMEM_LOG(kInfo,
                    "huge pages unavailable for %s of donor memory (%s); using normal pages "
@@ -82,7 +89,7 @@ Result<std::unique_ptr<SlabPool>> SlabPool::create(const SlabPoolOptions& o) {
     }
   }
   if (p == MAP_FAILED) {
-    p = mmap(nullptr, o.capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    p = mmap(nullptr, o.capacity, PROT_READ | PROT_WRITE, kind | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
       return make_error(Errc::kResourceExhausted,
                         "cannot reserve %s of donor memory: mmap: %s. Lower --capacity",
@@ -173,6 +180,11 @@ bool SlabPool::drop_locked(uint32_t slab) {
   Slab& s = slabs_[slab];
   FARMEM_BUG_ON(s.state != State::kLeased);
   if (registrar_ != nullptr) registrar_->forget(s.owner, slab);
+  if (s.alias != nullptr) {
+    // Before the slab can be zeroed or lent again (alias()).
+    FARMEM_BUG_ON(munmap(s.alias, slab_size_ + kPageSize) != 0);
+    s.alias = nullptr;
+  }
   auto it = owner_bytes_.find(s.owner);
   FARMEM_BUG_ON(it == owner_bytes_.end() || it->second < slab_size_);
   it->second -= slab_size_;
@@ -187,7 +199,9 @@ void SlabPool::finish(uint32_t slab) noexcept {
   // Nobody can reach a draining slab with no pins: zero it unlocked.
   uint8_t* p = slab_addr(slab);
   bool pinned_frames = registrar_ != nullptr && registrar_->pins_pages();
-  if (pinned_frames || madvise(p, slab_size_, MADV_DONTNEED) != 0) std::memset(p, 0, slab_size_);
+  // MADV_DONTNEED only unmaps shared memory; MADV_REMOVE frees it.
+  if (pinned_frames || madvise(p, slab_size_, shared_ ? MADV_REMOVE : MADV_DONTNEED) != 0)
+    std::memset(p, 0, slab_size_);
   std::lock_guard<std::mutex> lk(mu_);
   Slab& s = slabs_[slab];
   FARMEM_BUG_ON(s.state != State::kDraining || s.pins != 0);
@@ -237,6 +251,51 @@ Errc SlabPool::pin(LeaseOwner owner, uint32_t slab, uint64_t offset, uint64_t le
   ++s.pins;
   *addr = slab_addr(slab) + offset;
   return Errc::kOk;
+}
+
+Result<uint64_t> SlabPool::alias(LeaseOwner owner, uint32_t slab, std::span<const uint8_t> proof) {
+  if (!shared_)
+    return make_error(Errc::kInvalidArgument, "slab %u: the pool is not shared memory", slab);
+  if (proof.size() > kPageSize)
+    return make_error(Errc::kInvalidArgument, "slab %u: a proof of %zu bytes does not fit", slab,
+                      proof.size());
+  std::lock_guard<std::mutex> lk(mu_);
+  if (slab >= slabs_.size() || slabs_[slab].state != State::kLeased)
+    return make_error(Errc::kNotFound, "slab %u is not leased", slab);
+  Slab& s = slabs_[slab];
+  if (s.owner != owner || owner == 0)
+    return make_error(Errc::kPermissionDenied, "slab %u is leased to another client", slab);
+  if (s.alias == nullptr) {
+    // [view of the slab][proof page] at an address aligned as the pool is:
+    // reserve with room to align, then put both in place and trim.
+    const uint64_t align = huge_pages_ ? huge_page_size() : kPageSize;
+    const uint64_t span = slab_size_ + kPageSize;
+    void* r =
+        mmap(nullptr, span + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED)
+      return make_error(Errc::kResourceExhausted, "slab %u: no address space for a view: %s", slab,
+                        strerror(errno));
+    const auto lo = reinterpret_cast<uintptr_t>(r);
+    const uintptr_t at = (lo + align - 1) / align * align;
+    if (at > lo) munmap(r, at - lo);
+    if (const uintptr_t end = lo + span + align; end > at + span)
+      munmap(reinterpret_cast<void*>(at + span), end - (at + span));
+    auto* view = reinterpret_cast<uint8_t*>(at);
+    // old_size 0: a second mapping of the same shared pages.
+    void* a = mremap(slab_addr(slab), 0, slab_size_, MREMAP_MAYMOVE | MREMAP_FIXED, view);
+    void* pp = a == MAP_FAILED ? MAP_FAILED
+                               : mmap(view + slab_size_, kPageSize, PROT_READ | PROT_WRITE,
+                                      MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (pp == MAP_FAILED) {
+      const int e = errno;
+      munmap(view, span);
+      return make_error(Errc::kResourceExhausted, "slab %u: no second mapping: %s", slab,
+                        strerror(e));
+    }
+    s.alias = view;
+  }
+  std::memcpy(s.alias + slab_size_, proof.data(), proof.size());
+  return reinterpret_cast<uint64_t>(s.alias);
 }
 
 void SlabPool::unpin(uint32_t slab) noexcept {

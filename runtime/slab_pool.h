@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -69,6 +70,10 @@ struct SlabPoolOptions {
   uint64_t quota_per_owner = 0;        // 0: any owner may lease up to capacity
   bool try_hugepages = true;           // MAP_HUGETLB first, else THP via madvise
   SlabRegistrar* registrar = nullptr;  // outlives the pool; nullptr for tcp
+  // Shared memory (MAP_SHARED | MAP_ANONYMOUS), so that a leased slab can be
+  // given a private alias (alias()) for a client on this host to read and
+  // write one-sided. Not with a registrar.
+  bool shared = false;
 };
 
 class SlabPool {
@@ -98,11 +103,24 @@ class SlabPool {
            uint8_t** addr) noexcept;
   void unpin(uint32_t slab) noexcept;
 
+  // One-sided access for a client on this host ("Local clients" in
+  // donor_server.cc). Maps a second view of `slab`, which `owner` holds,
+  // at an address of its own, with one private page right after it whose
+  // first bytes are `proof` (the client checks them; the slab's data stays
+  // as it is), and returns the view's address. The view and the page are
+  // unmapped when the slab leaves its owner (release, session end), before
+  // the slab is zeroed or lent again: a late access through the view fails
+  // (EFAULT) instead of reaching the next owner's data. Only on a shared
+  // pool: kInvalidArgument otherwise; kNotFound / kPermissionDenied as for
+  // pin(); kResourceExhausted when the kernel refuses the mapping.
+  Result<uint64_t> alias(LeaseOwner owner, uint32_t slab, std::span<const uint8_t> proof);
+
   uint64_t capacity() const { return capacity_; }
   uint64_t slab_size() const { return slab_size_; }
   uint32_t slab_count() const { return static_cast<uint32_t>(slabs_.size()); }
   uint64_t quota() const { return quota_; }  // effective: capacity when unlimited
   bool huge_pages() const { return huge_pages_; }
+  bool shared() const { return shared_; }
   uint64_t leased_bytes() const;
   uint64_t leased_bytes(LeaseOwner owner) const;
   uint32_t free_slabs() const;
@@ -117,6 +135,7 @@ class SlabPool {
     LeaseOwner owner = 0;
     uint32_t pins = 0;
     State state = State::kFree;
+    uint8_t* alias = nullptr;  // alias(): the owner's one-sided view, or null
   };
 
   SlabPool() = default;
@@ -133,6 +152,7 @@ class SlabPool {
   uint64_t slab_size_ = 0;
   uint64_t quota_ = 0;
   bool huge_pages_ = false;
+  bool shared_ = false;
   SlabRegistrar* registrar_ = nullptr;
 
   mutable std::mutex mu_;

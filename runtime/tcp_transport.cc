@@ -1,6 +1,10 @@
 #include "runtime/tcp_transport.h"
 
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -44,7 +48,7 @@ Status TcpTransport::add_server(ServerId id, DonorSession* session) {
   auto next = std::make_unique<Tables>(*tables());
   auto it = std::lower_bound(next->servers.begin(), next->servers.end(), id,
                              [](const Server& s, ServerId v) { return s.id < v; });
-  next->servers.insert(it, Server{id, session, {}});
+  next->servers.insert(it, Server{id, session, {}, nullptr});
   publish(std::move(next));
   return ok_status();
 }
@@ -83,9 +87,82 @@ Status TcpTransport::add_slab(ServerId server, const SlabDesc& slab) {
   if (it != slabs.end() && it->id == slab.slab)
     return make_error(Errc::kInvalidArgument, "add_slab(server %u, slab %u): already added", server,
                       slab.slab);
-  slabs.insert(it, Slab{slab.slab, slab.size});
+  uint64_t local_addr = 0;
+  if (slab.addr != 0 && slab.rkey != 0 && !sit->session->serves_verbs()) {
+    std::shared_ptr<const LocalDonor> local;
+    if (Status st = adopt_local(*sit, slab, &local); st.ok()) {
+      if (sit->local == nullptr)
+        FARMEM_LOG(kInfo,
+                   "donor %s is on this host: this process reads and writes its slabs itself "
+                   "(one-sided, process_vm_readv); farmemd --local-clients=off keeps it on tcp",
+                   sit->session->endpoint().to_string().c_str());
+      sit->local = std::move(local);
+      local_addr = slab.addr;
+    } else if (!local_refused_) {
+      local_refused_ = true;
+      FARMEM_LOG(kInfo, "donor %s is on this host but its slabs stay on tcp: %s",
+                 sit->session->endpoint().to_string().c_str(), st.to_string().c_str());
+    }
+  }
+  slabs.insert(it, Slab{slab.slab, slab.size, local_addr});
   publish(std::move(next));
   return ok_status();
+}
+
+// Local donors. A farmemd on this host gives each slab it lends to a
+// client on loopback a view of its own (SlabDesc.addr, with its pid as
+// SlabDesc.rkey; donor_server.cc "Local clients"), and such a slab is read
+// and written here with process_vm_readv / process_vm_writev: one system
+// call, no request, no reply, no donor thread woken, like an RDMA READ.
+// The op completes inside post(), so the completion is there at the next
+// poll() or wait(), and ordering holds trivially.
+//  * Proof before use (adopt_local): the bytes right after the slab's view
+//    (a page of the donor's own) must hold this session's WELCOME secret,
+//    read through that pid and address. That rules out a pid that names
+//    another process (another pid namespace, a reused number) and a donor
+//    that does not offer the path; refusals (another user, ptrace
+//    restrictions: EPERM) keep the slab on tcp.
+//  * Liveness: a pidfd of the donor, opened at the proof, is polled after
+//    every op. An op that ran after the donor exited (a reused pid could
+//    have answered it) completes kUnavailable, as a lost connection's ops
+//    do, and so do ops that fail (EFAULT: the lease was revoked, the view
+//    is gone; ESRCH: the donor is gone).
+Status TcpTransport::adopt_local(const Server& server, const SlabDesc& slab,
+                                 std::shared_ptr<const LocalDonor>* local) {
+  const auto& secret = server.session->welcome().secret;
+  const int pid = static_cast<int>(slab.rkey);
+  std::shared_ptr<const LocalDonor> d = server.local;
+  if (d == nullptr || d->pid != pid) {
+    auto fresh = std::make_shared<LocalDonor>();
+    fresh->pid = pid;
+    fresh->pidfd = Fd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+    if (!fresh->pidfd.valid())
+      return make_error(Errc::kUnavailable, "pidfd_open(%d): %s", pid, strerror(errno));
+    d = std::move(fresh);
+  }
+  uint8_t got[wire::kSecretSize];
+  iovec l{got, sizeof got};
+  iovec r{reinterpret_cast<void*>(slab.addr + slab.size), sizeof got};
+  const ssize_t n = process_vm_readv(pid, &l, 1, &r, 1, 0);
+  if (n != static_cast<ssize_t>(sizeof got))
+    return make_error(Errc::kPermissionDenied, "process_vm_readv of donor pid %d: %s", pid,
+                      n < 0 ? strerror(errno) : "short read");
+  if (std::memcmp(got, secret.data(), sizeof got) != 0)
+    return make_error(Errc::kPermissionDenied,
+                      "pid %d at the slab's address is not this session's donor (another pid "
+                      "namespace?)",
+                      pid);
+  pollfd pf{d->pidfd.get(), POLLIN, 0};
+  if (::poll(&pf, 1, 0) != 0) return make_error(Errc::kUnavailable, "donor pid %d exited", pid);
+  *local = std::move(d);
+  return ok_status();
+}
+
+size_t TcpTransport::local_slabs() const {
+  size_t n = 0;
+  for (const Server& s : tables()->servers)
+    for (const Slab& sl : s.slabs) n += sl.local_addr != 0 ? 1 : 0;
+  return n;
 }
 
 Status TcpTransport::remove_slab(ServerId server, SlabId slab) {
@@ -177,8 +254,8 @@ namespace {
 
 // The local checks of runtime/transport.h; kOk and *server set when the op
 // may be sent.
-template <class Tables, class Server>
-Errc check_op(const Tables& t, const IoOp& op, const Server** server) {
+template <class Tables, class Server, class Slab>
+Errc check_op(const Tables& t, const IoOp& op, const Server** server, const Slab** slab) {
   if (op.kind != IoKind::kRead && op.kind != IoKind::kWrite) return Errc::kInvalidArgument;
   if (op.length == 0 || op.length > wire::kMaxIoLength) return Errc::kInvalidArgument;
   if (t.buffers.find(op.local, op.length) == nullptr) return Errc::kInvalidArgument;
@@ -190,6 +267,7 @@ Errc check_op(const Tables& t, const IoOp& op, const Server** server) {
   if (op.remote.offset > sl->size || op.length > sl->size - op.remote.offset)
     return Errc::kOutOfRange;
   *server = s;
+  *slab = &*sl;
   return Errc::kOk;
 }
 
@@ -254,9 +332,14 @@ Errc TcpTransport::Queue::post(std::span<const IoOp> ops) {
   for (const IoOp& op : ops) {
     ++outstanding_;
     const Server* server = nullptr;
-    Errc e = check_op(*tables, op, &server);
+    const Slab* slab = nullptr;
+    Errc e = check_op(*tables, op, &server, &slab);
     if (e != Errc::kOk) {
       complete(op.cookie, e);
+      continue;
+    }
+    if (slab->local_addr != 0) {
+      complete(op.cookie, local_io(*server->local, op, slab->local_addr + op.remote.offset));
       continue;
     }
     Conn* c = conn_for(*server);
@@ -283,6 +366,27 @@ Errc TcpTransport::Queue::post(std::span<const IoOp> ops) {
   for (auto& c : conns_)
     if (!c->dead && c->sent < c->tail) flush(*c);
   return Errc::kOk;
+}
+
+Errc TcpTransport::Queue::local_io(const LocalDonor& d, const IoOp& op, uint64_t remote) {
+  iovec l{op.local, op.length};
+  iovec r{reinterpret_cast<void*>(remote), op.length};
+  const ssize_t n = op.kind == IoKind::kRead ? process_vm_readv(d.pid, &l, 1, &r, 1, 0)
+                                             : process_vm_writev(d.pid, &l, 1, &r, 1, 0);
+  pollfd pf{d.pidfd.get(), POLLIN, 0};
+  const bool gone = ::poll(&pf, 1, 0) != 0;
+  if (n == static_cast<ssize_t>(op.length) && !gone) return Errc::kOk;
+  if (!local_warned_) {
+    local_warned_ = true;
+    FARMEM_LOG(kWarn,
+               "tcp transport: one-sided %s of %u bytes on the local donor (pid %d) failed: %s; "
+               "its ops fail with unavailable",
+               op.kind == IoKind::kRead ? "READ" : "WRITE", op.length, d.pid,
+               gone    ? "the donor exited"
+               : n < 0 ? strerror(errno)
+                       : "short transfer");
+  }
+  return Errc::kUnavailable;
 }
 
 void TcpTransport::Queue::flush(Conn& c) {

@@ -100,18 +100,33 @@ class TcpTransport final : public TransportControl {  // satisfies TransportBack
   // remove_slab: kNotFound when it was not added.
   Status add_slab(ServerId server, const SlabDesc& slab) override;
   Status remove_slab(ServerId server, SlabId slab) override;
+  // Slabs added that are read and written one-sided ("Local donors").
+  size_t local_slabs() const;
 
  private:
   friend class Queue;
   struct Slab {
     SlabId id = 0;
     uint64_t size = 0;
+    uint64_t local_addr = 0;  // "Local donors": the donor's view of it, or 0 (tcp)
+  };
+  // A donor process on this host whose slabs are read and written
+  // one-sided ("Local donors" in tcp_transport.cc).
+  struct LocalDonor {
+    int pid = 0;
+    Fd pidfd;  // readable once the process has exited
   };
   struct Server {
     ServerId id = 0;
     DonorSession* session = nullptr;
-    std::vector<Slab> slabs;  // sorted by id
+    std::vector<Slab> slabs;                  // sorted by id
+    std::shared_ptr<const LocalDonor> local;  // set by the first local slab
   };
+  // The proof of "Local donors" for `slab`; on success, *local is the
+  // donor (kept, or opened for its pid) and the proof bytes are cleared.
+  // Called with mu_ held.
+  Status adopt_local(const Server& server, const SlabDesc& slab,
+                     std::shared_ptr<const LocalDonor>* local);
   // One immutable version of the tables; vectors sorted for binary search.
   struct Tables {
     RegistrationTable<> buffers;
@@ -125,6 +140,7 @@ class TcpTransport final : public TransportControl {  // satisfies TransportBack
 
   const Options opts_;
   std::mutex mu_;                                   // serialises table changes
+  bool local_refused_ = false;                      // guarded by mu_; logged once
   std::vector<std::unique_ptr<const Tables>> all_;  // guarded by mu_; every version, kept
   std::atomic<const Tables*> current_{nullptr};     // the newest of all_
 };
@@ -164,6 +180,8 @@ class TcpTransport::Queue {
   // The connection to `server`, opened on first use; dead if that failed.
   Conn* conn_for(const Server& server);
   void complete(uint64_t cookie, Errc status);
+  // An op on a local donor's slab ("Local donors"), done now.
+  Errc local_io(const LocalDonor& d, const IoOp& op, uint64_t remote);
   void finish_head(Conn& c, Errc status);
   // Closes the connection and fails every op on it with kUnavailable.
   void kill(Conn& c, const char* why, int err);
@@ -177,7 +195,8 @@ class TcpTransport::Queue {
   TcpTransport* const t_;
   const size_t depth_;
   size_t outstanding_ = 0;  // accepted, not reaped
-  size_t in_flight_ = 0;    // on some connection, no reply yet
+  bool local_warned_ = false;
+  size_t in_flight_ = 0;  // on some connection, no reply yet
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_slots_;  // a stack
   std::vector<IoCompletion> done_;    // ring of completed, unreaped ops

@@ -189,9 +189,14 @@ struct LeaseReq {
 };
 struct SlabDesc {
   uint32_t slab = 0;
-  uint32_t rkey = 0;  // verbs: remote key of the slab's memory region; tcp: 0
+  // verbs: remote key of the slab's memory region; tcp: 0, or for a client
+  // on the donor's host the donor's pid (donor_server.cc "Local clients")
+  uint32_t rkey = 0;
   uint64_t size = 0;
-  uint64_t addr = 0;  // verbs: remote virtual address; tcp: 0
+  // verbs: remote virtual address; tcp: 0, or for a client on the donor's
+  // host the address of the slab's view in the donor, followed by a page
+  // that starts with the session secret
+  uint64_t addr = 0;
 };
 struct Leased {
   std::vector<SlabDesc> slabs;

@@ -52,12 +52,14 @@ preload_workdir() {
 preload_start_farmemd() {
   local log=$1 capacity=$2 slab=$3 pid auth=(--token-file token)
   [[ ${4:-} == insecure ]] && auth=(--insecure)
+  # PRELOAD_FARMEMD_ARGS: more flags for every daemon (e.g. --local-clients=off).
   # Created here, not by the background job's redirection: the first sed
   # below may run before that job has, and a sed that cannot read the file
   # fails the whole script (set -e, pipefail).
   : > "$log"
+  # shellcheck disable=SC2086  # PRELOAD_FARMEMD_ARGS is a list of flags
   "$FARMEMD" --listen 127.0.0.1:0 --capacity "$capacity" --slab-size "$slab" "${auth[@]}" \
-    > "$log" 2>&1 &
+    ${PRELOAD_FARMEMD_ARGS:-} > "$log" 2>&1 &
   pid=$!
   DAEMONS+=("$pid")
   PORT=""

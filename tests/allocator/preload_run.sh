@@ -4,7 +4,13 @@
 # byte-identical and that far memory was really used beyond the local
 # budget (dirty evictions and remote fetches).
 #
-#   preload_run.sh --local-mem 16M [--setup 'shell cmd'] [--max-rss-over MIB] -- prog args...
+#   preload_run.sh --local-mem 16M [--setup 'shell cmd'] [--max-rss-over MIB] [--wire]
+#                  -- prog args...
+#
+# The donor is on this host, so by default the program reads and writes its
+# slabs one-sided (runtime/tcp_transport.cc "Local donors"), which the
+# script checks; --wire starts farmemd with --local-clients=off and checks
+# that every op went over tcp instead.
 #
 # --max-rss-over MIB: the preloaded run's peak RSS (/usr/bin/time's %M, the
 # whole process: far pages resident, the runtime's own memory, the
@@ -20,11 +26,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/preload_lib.sh"
 LOCAL_MEM=16M
 SETUP=""
 MAX_RSS_OVER=""
+WIRE=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --local-mem) LOCAL_MEM=$2; shift 2 ;;
     --setup) SETUP=$2; shift 2 ;;
     --max-rss-over) MAX_RSS_OVER=$2; shift 2 ;;
+    --wire) WIRE=1; shift ;;
     --) shift; break ;;
     *) echo "preload_run: unknown option $1" >&2; exit 2 ;;
   esac
@@ -32,6 +40,7 @@ done
 [[ $# -gt 0 ]] || { echo "preload_run: no program given" >&2; exit 2; }
 preload_check_env
 preload_workdir farmem-preload
+(( WIRE )) && PRELOAD_FARMEMD_ARGS=--local-clients=off
 preload_start_farmemd farmemd.log 1G 16M
 
 if [[ -n $SETUP ]]; then bash -c "$SETUP"; fi
@@ -53,6 +62,15 @@ rss_far=$(( $(tail -1 rss.far) / 1024 ))
 echo "peak RSS: $rss_ref MiB without, $rss_far MiB with far memory (budget $LOCAL_MEM)"
 preload_check_output
 preload_check_far_memory_used
+local_line="reads and writes its slabs itself (one-sided"
+if (( WIRE )) && grep -q "$local_line" err.far; then
+  echo "FAIL: farmemd --local-clients=off, yet the program used the one-sided path" >&2
+  exit 1
+elif (( !WIRE )) && ! grep -q "$local_line" err.far; then
+  cat err.far >&2
+  echo "FAIL: the donor is on this host, yet the program did not read its slabs one-sided" >&2
+  exit 1
+fi
 if [[ -n $MAX_RSS_OVER ]]; then
   budget_mib=$(numfmt --from=iec "$LOCAL_MEM" | awk '{ printf "%d", $1 / 1048576 }')
   if (( rss_far > budget_mib + MAX_RSS_OVER )); then

@@ -129,6 +129,7 @@ class Farmemctl : public ::testing::Test {
     o.slab_size = kSlab;
     o.token = kToken;
     o.try_hugepages = false;
+    o.local_clients = false;  // the per-client traffic counters are the wire's
     auto s = DonorServer::start(o);
     ASSERT_TRUE(s.ok()) << s.status().to_string();
     srv_ = std::move(*s);

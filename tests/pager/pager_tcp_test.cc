@@ -6,6 +6,7 @@
 // loopback (pager_test.cc).
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <vector>
 
 #include "runtime/donor_client.h"
@@ -22,8 +23,11 @@ using TP = Pager<TcpTransport>;
 // A donor on 127.0.0.1:0, a session and a transport; torn down in reverse.
 class TcpDonorRig {
  public:
-  void start() {
-    auto d = LocalDonor::start(local_donor_options("pager-tcp-test-token"));
+  // local: the donor lets this process read and write its slabs one-sided
+  // (tcp_transport.cc "Local donors"); otherwise every op is on the wire.
+  void start(bool local = false) {
+    auto d = LocalDonor::start(
+        local_donor_options("pager-tcp-test-token", 64ull << 20, 1ull << 20, local));
     ASSERT_TRUE(d.ok()) << d.status().to_string();
     donor_ = std::move(*d);
     transport_ = std::make_unique<TcpTransport>();
@@ -45,17 +49,29 @@ class TcpDonorRig {
   std::unique_ptr<DonorSessionSlabSource> src_;
 };
 
-class PagerTcpIntegrityTest : public ::testing::TestWithParam<int> {};
+// threads, and whether the donor (on this host) serves one-sided.
+struct IntegrityCase {
+  int threads;
+  bool local;
+  friend void PrintTo(const IntegrityCase& c, std::ostream* os) {
+    *os << c.threads << " threads" << (c.local ? ", one-sided" : ", on the wire");
+  }
+};
+
+class PagerTcpIntegrityTest : public ::testing::TestWithParam<IntegrityCase> {};
 
 // Region ten times the budget; random reads and writes from N threads, each
 // owning the pages p % N == t, checked against a reference copy; the
 // resident bytes are sampled (counter and mincore) and never exceed the
-// budget plus the documented slack.
+// budget plus the documented slack. On the wire, the donor served every
+// READ and WRITE; one-sided ("Local donors" in tcp_transport.cc), every
+// slab went through its view and the donor's data connections carried
+// nothing.
 TEST_P(PagerTcpIntegrityTest, RandomReadWriteMatchesReference) {
   FARMEM_SKIP_WITHOUT_UFFD();
-  const int threads = GetParam();
+  const auto [threads, local] = GetParam();
   TcpDonorRig rig;
-  ASSERT_NO_FATAL_FAILURE(rig.start());
+  ASSERT_NO_FATAL_FAILURE(rig.start(local));
   const size_t budget_pages = 512, region_pages = 10 * budget_pages;
   auto pr = TP::create(zero_page_config(budget_pages, region_pages), rig.transport(), rig.source());
   ASSERT_TRUE(pr.ok()) << pr.status().to_string();
@@ -79,17 +95,30 @@ TEST_P(PagerTcpIntegrityTest, RandomReadWriteMatchesReference) {
   EXPECT_GT(s.evictions_dirty, 2 * budget_pages) << s.to_string();
   EXPECT_GT(s.faults_remote, 2 * budget_pages) << s.to_string();
   EXPECT_EQ(s.writeback_errors, 0u) << s.to_string();
-  // The donor served that traffic: at least every demand READ and every
-  // completed write-back the pager counted (prefetches and a round in
-  // flight may add more on the donor's side).
   auto st = rig.session().stats();
   ASSERT_TRUE(st.ok()) << st.status().to_string();
-  EXPECT_GE(st->reads, s.faults_remote) << s.to_string();
-  EXPECT_GE(st->writes, s.evictions_dirty) << s.to_string();
+  if (local) {
+    EXPECT_GT(rig.transport()->local_slabs(), 0u);
+    EXPECT_EQ(st->reads, 0u) << "a READ went over the wire";
+    EXPECT_EQ(st->writes, 0u) << "a WRITE went over the wire";
+  } else {
+    // The donor served that traffic: at least every demand READ and every
+    // completed write-back the pager counted (prefetches and a round in
+    // flight may add more on the donor's side).
+    EXPECT_EQ(rig.transport()->local_slabs(), 0u);
+    EXPECT_GE(st->reads, s.faults_remote) << s.to_string();
+    EXPECT_GE(st->writes, s.evictions_dirty) << s.to_string();
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Threads, PagerTcpIntegrityTest, ::testing::Values(1, 2, 8),
-                         [](const auto& pinfo) { return std::to_string(pinfo.param) + "threads"; });
+INSTANTIATE_TEST_SUITE_P(Threads, PagerTcpIntegrityTest,
+                         ::testing::Values(IntegrityCase{1, false}, IntegrityCase{2, false},
+                                           IntegrityCase{8, false}, IntegrityCase{1, true},
+                                           IntegrityCase{8, true}),
+                         [](const auto& pinfo) {
+                           return std::to_string(pinfo.param.threads) + "threads" +
+                                  (pinfo.param.local ? "OneSided" : "");
+                         });
 
 // Invariant 2 on tcp: a region ten times the budget, read twice over
 // without ever being written: zeros, many evictions, and not one op

@@ -88,6 +88,7 @@ class DonorClientTest : public ::testing::Test {
     o.token = kToken;
     o.heartbeat_ms = 100;
     o.try_hugepages = false;
+    o.local_clients = false;  // these tests are about the wire
     return o;
   }
   void start(const DonorOptions& o) {

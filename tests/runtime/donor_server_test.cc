@@ -8,6 +8,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -39,6 +41,7 @@ DonorOptions test_opts() {
   o.grace_ms = 20000;
   o.handshake_timeout_ms = 3000;
   o.send_timeout_ms = 3000;
+  o.local_clients = false;  // the wire path; LocalClients* turn it on
   return o;
 }
 
@@ -870,6 +873,89 @@ TEST_F(DonorServerTest, SlabsAreZeroedBetweenClients) {
   auto r = b.data.read(slab, 0, kSlab);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(*r, std::vector<uint8_t>(kSlab, 0));
+}
+
+// process_vm_readv of this process (the donor runs in it): the errno, 0
+// when all n bytes were read.
+int read_donor(uint64_t addr, void* out, size_t n) {
+  iovec l{out, n}, r{reinterpret_cast<void*>(addr), n};
+  return process_vm_readv(getpid(), &l, 1, &r, 1, 0) == static_cast<ssize_t>(n) ? 0 : errno;
+}
+
+// "Local clients" (donor_server.cc): a client on loopback gets, per slab,
+// a view in the donor (addr) and the donor's pid (rkey), with its session
+// secret right after the view; the view is the slab (what the wire
+// writes, the view reads, and the other way round); RELEASE and the
+// session's end take the view away before the slab is zeroed and lent
+// again.
+TEST_F(DonorServerTest, LocalClientsGetAViewOfEachSlabUntilItLeaves) {
+  DonorOptions o = test_opts();
+  o.local_clients = true;
+  o.capacity = 2 * kSlab;
+  start(o);
+  Client a;
+  ASSERT_NO_FATAL_FAILURE(connect(&a, 1));
+  auto l = a.ctl.lease(2 * kSlab);
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  ASSERT_EQ(l->size(), 2u);
+  for (const auto& d : *l) {
+    ASSERT_NE(d.addr, 0u);
+    EXPECT_EQ(d.rkey, static_cast<uint32_t>(getpid()));
+    uint8_t proof[wire::kSecretSize];
+    ASSERT_EQ(read_donor(d.addr + d.size, proof, sizeof proof), 0);
+    EXPECT_EQ(std::memcmp(proof, a.welcome.secret.data(), sizeof proof), 0);
+  }
+  const auto& d0 = (*l)[0];
+  const auto& d1 = (*l)[1];
+  // The wire's WRITE is in the view; a write to the view is what READ sees.
+  const auto pat = pattern(8192, 5);
+  ASSERT_TRUE(a.data.write(d0.slab, 4096, pat).ok());
+  std::vector<uint8_t> seen(8192);
+  ASSERT_EQ(read_donor(d0.addr + 4096, seen.data(), seen.size()), 0);
+  EXPECT_EQ(seen, pat);
+  const auto pat2 = pattern(4096, 6);
+  iovec lw{const_cast<uint8_t*>(pat2.data()), pat2.size()};
+  iovec rw{reinterpret_cast<void*>(d1.addr), pat2.size()};
+  ASSERT_EQ(process_vm_writev(getpid(), &lw, 1, &rw, 1, 0), static_cast<ssize_t>(pat2.size()));
+  auto r = a.data.read(d1.slab, 0, 4096);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, pat2);
+
+  // RELEASE: the view and its proof go at once.
+  ASSERT_TRUE(a.ctl.release(d0.slab).ok());
+  EXPECT_EQ(read_donor(d0.addr, seen.data(), 16), EFAULT);
+  EXPECT_EQ(read_donor(d0.addr + d0.size, seen.data(), 16), EFAULT);
+  EXPECT_EQ(read_donor(d1.addr, seen.data(), 16), 0) << "the other slab keeps its view";
+  // The session's end takes the rest.
+  a.ctl = RawClient();
+  a.data = RawClient();
+  ASSERT_TRUE(eventually([&] { return stats().leased == 0; }));
+  EXPECT_EQ(read_donor(d1.addr, seen.data(), 16), EFAULT);
+
+  // The next client's slabs are zeroed (shared memory: MADV_REMOVE) and
+  // have views of their own.
+  Client b;
+  ASSERT_NO_FATAL_FAILURE(connect(&b, 2));
+  auto lb = b.ctl.lease(2 * kSlab);
+  ASSERT_TRUE(lb.ok()) << lb.status().to_string();
+  for (const auto& d : *lb) {
+    auto z = b.data.read(d.slab, 0, kSlab);
+    ASSERT_TRUE(z.ok());
+    EXPECT_EQ(*z, std::vector<uint8_t>(kSlab, 0)) << "slab " << d.slab;
+    uint8_t proof[wire::kSecretSize];
+    ASSERT_EQ(read_donor(d.addr + d.size, proof, sizeof proof), 0);
+    EXPECT_EQ(std::memcmp(proof, b.welcome.secret.data(), sizeof proof), 0);
+  }
+}
+
+TEST_F(DonorServerTest, LocalClientsOffKeepsEveryClientOnTheWire) {
+  start();  // test_opts(): local_clients off
+  Client a;
+  ASSERT_NO_FATAL_FAILURE(connect(&a, 1));
+  auto l = a.ctl.lease(kSlab);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ((*l)[0].addr, 0u);
+  EXPECT_EQ((*l)[0].rkey, 0u);
 }
 
 TEST_F(DonorServerTest, CleanStopWithConnectionsOpen) {

@@ -26,9 +26,13 @@ namespace farmem::testing {
 
 // 127.0.0.1:0, a token, no huge pages (tests must not depend on the host's
 // hugepage pool).
+// local_clients: DonorOptions::local_clients (one-sided access for this
+// process, tcp_transport.cc "Local donors"); off keeps every op on the wire.
 inline DonorOptions local_donor_options(std::string token, uint64_t capacity = 64ull << 20,
-                                        uint64_t slab_size = 1ull << 20) {
+                                        uint64_t slab_size = 1ull << 20,
+                                        bool local_clients = false) {
   DonorOptions o;
+  o.local_clients = local_clients;
   o.listen = {"127.0.0.1", 0};
   o.capacity = capacity;
   o.slab_size = slab_size;

@@ -2,8 +2,11 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -17,8 +20,9 @@ using ::testing::HasSubstr;
 constexpr uint64_t kSlab = 64 << 10;
 
 std::unique_ptr<SlabPool> make_pool(uint64_t slabs, uint64_t quota = 0,
-                                    SlabRegistrar* reg = nullptr) {
+                                    SlabRegistrar* reg = nullptr, bool shared = false) {
   SlabPoolOptions o;
+  o.shared = shared;
   o.capacity = slabs * kSlab;
   o.slab_size = kSlab;
   o.quota_per_owner = quota;
@@ -173,6 +177,79 @@ TEST(SlabPool, ReleasedSlabIsZeroedBeforeTheNextOwner) {
   ASSERT_EQ(pool->pin(2, 0, 0, kSlab, &p), Errc::kOk);
   EXPECT_TRUE(all_zero(p, kSlab));
   pool->unpin(0);
+}
+
+// The bytes at addr of this process, or the errno of the read (EFAULT:
+// nothing mapped there), read as another process would: process_vm_readv.
+int read_self(uint64_t addr, void* out, size_t n) {
+  iovec l{out, n}, r{reinterpret_cast<void*>(addr), n};
+  return process_vm_readv(getpid(), &l, 1, &r, 1, 0) == static_cast<ssize_t>(n) ? 0 : errno;
+}
+
+// "Local clients" (donor_server.cc): a leased slab of a shared pool gets a
+// view of its own, with the proof in the page after it; what is written
+// through the view is the slab's data; once the slab leaves its owner the
+// view is gone (EFAULT), the slab is zeroed, and the next owner's view is
+// another mapping.
+TEST(SlabPool, AliasIsTheSlabUntilItLeavesItsOwner) {
+  auto pool = make_pool(2, 0, nullptr, /*shared=*/true);
+  ASSERT_NE(pool, nullptr);
+  ASSERT_TRUE(pool->shared());
+  auto a = pool->lease(1, kSlab);
+  ASSERT_TRUE(a.ok());
+  const uint32_t slab = (*a)[0].slab;
+  const uint8_t proof[4] = {9, 8, 7, 6};
+  auto v = pool->alias(1, slab, proof);
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  ASSERT_NE(*v, reinterpret_cast<uint64_t>(pool->slab_addr(slab)));
+  uint8_t got[4] = {};
+  ASSERT_EQ(read_self(*v + kSlab, got, 4), 0);
+  EXPECT_EQ(std::memcmp(got, proof, 4), 0);
+  ASSERT_EQ(read_self(*v, got, 4), 0);
+  EXPECT_TRUE(all_zero(got, 4)) << "the proof is not in the slab's data";
+  // Written through the view, seen in the slab, and the other way round.
+  auto* view = reinterpret_cast<uint8_t*>(*v);
+  std::memset(view + 4096, 0x5A, 4096);
+  uint8_t* p = nullptr;
+  ASSERT_EQ(pool->pin(1, slab, 0, kSlab, &p), Errc::kOk);
+  EXPECT_EQ(p[4096], 0x5A);
+  EXPECT_EQ(p[8191], 0x5A);
+  p[kSlab - 1] = 0x33;
+  pool->unpin(slab);
+  EXPECT_EQ(view[kSlab - 1], 0x33);
+  // Asking again gives the same view (and rewrites the proof).
+  auto again = pool->alias(1, slab, proof);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *v);
+
+  // Others may not.
+  EXPECT_EQ(pool->alias(2, slab, proof).status().code(), Errc::kPermissionDenied);
+  EXPECT_EQ(pool->alias(1, slab + 1, proof).status().code(), Errc::kNotFound);
+
+  ASSERT_TRUE(pool->release(1, slab).ok());
+  EXPECT_EQ(read_self(*v, got, 4), EFAULT) << "the view outlived the lease";
+  EXPECT_EQ(read_self(*v + kSlab, got, 4), EFAULT) << "the proof outlived the lease";
+  auto b = pool->lease(2, 2 * kSlab);
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ(pool->pin(2, slab, 0, kSlab, &p), Errc::kOk);
+  EXPECT_TRUE(all_zero(p, kSlab)) << "a shared slab must be zeroed too (MADV_REMOVE)";
+  pool->unpin(slab);
+  // Session end drops every view of the owner.
+  auto w = pool->alias(2, slab, proof);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(pool->release_all(2), 2u);
+  EXPECT_EQ(read_self(*w, got, 4), EFAULT);
+}
+
+TEST(SlabPool, AliasNeedsASharedPool) {
+  auto pool = make_pool(1);
+  ASSERT_FALSE(pool->shared());
+  ASSERT_TRUE(pool->lease(1, kSlab).ok());
+  const uint8_t proof[1] = {1};
+  auto v = pool->alias(1, 0, proof);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), Errc::kInvalidArgument);
+  EXPECT_THAT(v.status().message(), HasSubstr("not shared memory"));
 }
 
 TEST(SlabPool, PinnedSlabDrainsBeforeReuse) {

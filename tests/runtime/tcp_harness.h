@@ -1,6 +1,9 @@
-// The tcp backend's harness for the transport conformance suite (contract in
-// transport_harness.h): an in-process DonorServer on 127.0.0.1:0, one
-// DonorSession and a TcpTransport on top.
+// The tcp backend's harnesses for the transport conformance suite (contract
+// in transport_harness.h): an in-process DonorServer on 127.0.0.1:0, one
+// DonorSession and a TcpTransport on top. TcpHarness keeps every op on the
+// wire (DonorOptions::local_clients off); TcpLocalHarness lets the client,
+// which is on this host, read and write the slabs one-sided
+// (tcp_transport.cc "Local donors"), and checks that it does.
 //
 //   #include "tests/runtime/tcp_harness.h"   // defines FARMEM_TCP_HARNESS
 //   using Backends = ::testing::Types<LoopbackHarness FARMEM_TCP_HARNESS>;
@@ -24,9 +27,10 @@
 
 namespace farmem::testing {
 
-struct TcpHarness {
+template <bool kLocal>
+struct TcpHarnessT {
   using Backend = TcpTransport;
-  static constexpr const char* kName = "tcp";
+  static constexpr const char* kName = kLocal ? "tcp-local" : "tcp";
   // An op already on the wire may have been served before the daemon stopped.
   static constexpr bool kKillFailsOutstanding = false;
   static constexpr uint64_t kSlabSize = 2 * uint64_t{wire::kMaxIoLength};
@@ -36,6 +40,7 @@ struct TcpHarness {
   void SetUp(bool follow_cpu = true) {
     DonorOptions o;
     o.follow_local_senders = follow_cpu;
+    o.local_clients = kLocal;
     o.listen = {"127.0.0.1", 0};
     o.capacity = 4 * kSlabSize;
     o.slab_size = kSlabSize;
@@ -64,6 +69,7 @@ struct TcpHarness {
       st = transport_->add_slab(kServer, d);
       ASSERT_TRUE(st.ok()) << st.to_string();
     }
+    ASSERT_EQ(transport_->local_slabs(), kLocal ? slabs_.size() : 0u);
   }
   // Reverse order of construction: the transport points at the session,
   // the session talks to the server.
@@ -74,6 +80,7 @@ struct TcpHarness {
   }
 
   Backend& transport() { return *transport_; }
+  DonorSession& session() { return *session_; }
   ServerId server() const { return kServer; }
   const std::vector<SlabDesc>& slabs() const { return slabs_; }
   void kill_server() {
@@ -88,8 +95,11 @@ struct TcpHarness {
   std::vector<SlabDesc> slabs_;
 };
 
+using TcpHarness = TcpHarnessT<false>;
+using TcpLocalHarness = TcpHarnessT<true>;
+
 }  // namespace farmem::testing
 
-#define FARMEM_TCP_HARNESS , ::farmem::testing::TcpHarness
+#define FARMEM_TCP_HARNESS , ::farmem::testing::TcpHarness, ::farmem::testing::TcpLocalHarness
 
 #endif  // FARMEM_TCP_CONFORMANCE

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -635,6 +636,59 @@ TEST(TcpDonorFollowCpu, DataThreadFollowsTheSendersCpu) {
     q->reset();
     h.TearDown();
   }
+}
+
+// "Local donors" (tcp_transport.cc): a slab is read one-sided only once
+// the session secret was found through the pid and address it came with.
+// Told another address, or a pid that is not the donor's, the transport
+// keeps the slab on the wire, and its ops are still right: what one
+// transport writes on the wire, another reads one-sided.
+TEST(TcpLocalDonor, UnprovenSlabsStayOnTheWire) {
+  TcpLocalHarness h;
+  ASSERT_NO_FATAL_FAILURE(h.SetUp());
+  ASSERT_EQ(h.transport().local_slabs(), 2u);
+  auto tp = std::make_unique<TcpTransport>();  // destroyed before the session
+  TcpTransport& t = *tp;
+  ASSERT_TRUE(t.add_server(h.server(), &h.session()).ok());
+  SlabDesc moved = h.slabs()[0];
+  moved.addr += 4096;  // no proof after this "view"
+  SlabDesc other = h.slabs()[1];
+  other.rkey = static_cast<uint32_t>(getppid());  // a live process, not the donor
+  ASSERT_TRUE(t.add_slab(h.server(), moved).ok());
+  ASSERT_TRUE(t.add_slab(h.server(), other).ok());
+  EXPECT_EQ(t.local_slabs(), 0u);
+
+  std::vector<uint8_t> buf(3 * 4096);
+  for (size_t i = 0; i < 4096; ++i) buf[i] = static_cast<uint8_t>(i * 7 + 1);
+  ASSERT_TRUE(t.register_buffer(buf.data(), buf.size()).ok());
+  ASSERT_TRUE(h.transport().register_buffer(buf.data() + 4096, 2 * 4096).ok());
+  auto wire_q = t.open_queue();
+  auto local_q = h.transport().open_queue();
+  ASSERT_TRUE(wire_q.ok() && local_q.ok());
+  auto run1 = [](TcpTransport::Queue& q, const IoOp& op) {
+    if (q.post({&op, 1}) != Errc::kOk) return Errc::kInternal;
+    IoCompletion c[1];
+    return q.wait(c, 5000) == 1 ? c[0].status : Errc::kTimeout;
+  };
+  const auto st0 = h.session().stats();
+  ASSERT_TRUE(st0.ok());
+  for (const SlabDesc& d : {moved, other}) {
+    SCOPED_TRACE(d.slab);
+    ASSERT_EQ(run1(**wire_q, IoOp{IoKind::kWrite, 4096, {h.server(), d.slab, 8192}, buf.data(), 1}),
+              Errc::kOk);
+    ASSERT_EQ(run1(**local_q,
+                   IoOp{IoKind::kRead, 4096, {h.server(), d.slab, 8192}, buf.data() + 4096, 2}),
+              Errc::kOk);
+    EXPECT_EQ(memcmp(buf.data(), buf.data() + 4096, 4096), 0);
+  }
+  const auto st1 = h.session().stats();
+  ASSERT_TRUE(st1.ok());
+  EXPECT_EQ(st1->writes - st0->writes, 2u) << "the unproven slabs' WRITEs went on the wire";
+  EXPECT_EQ(st1->reads - st0->reads, 0u) << "the proven slabs' READs did not";
+  wire_q->reset();
+  local_q->reset();
+  tp.reset();
+  h.TearDown();
 }
 #endif  // FARMEM_TCP_CONFORMANCE
 
