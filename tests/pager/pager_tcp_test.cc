@@ -70,6 +70,7 @@ class PagerTcpIntegrityTest : public ::testing::TestWithParam<IntegrityCase> {};
 TEST_P(PagerTcpIntegrityTest, RandomReadWriteMatchesReference) {
   FARMEM_SKIP_WITHOUT_UFFD();
   const auto [threads, local] = GetParam();
+  if (local && !one_sided_allowed()) GTEST_SKIP() << "process_vm_readv is not allowed here";
   TcpDonorRig rig;
   ASSERT_NO_FATAL_FAILURE(rig.start(local));
   const size_t budget_pages = 512, region_pages = 10 * budget_pages;

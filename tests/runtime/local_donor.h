@@ -13,6 +13,9 @@
 // tests/ and bench/ targets can include it without a library of their own.
 #pragma once
 
+#include <sys/uio.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -26,6 +29,15 @@ namespace farmem::testing {
 
 // 127.0.0.1:0, a token, no huge pages (tests must not depend on the host's
 // hugepage pool).
+// Whether this process may use process_vm_readv at all (a sandbox's
+// seccomp profile may forbid it): "Local donors" then stays on tcp, and
+// the tests that expect the one-sided path skip.
+inline bool one_sided_allowed() {
+  int probe = 1, got = 0;
+  iovec l{&got, sizeof got}, r{&probe, sizeof probe};
+  return process_vm_readv(getpid(), &l, 1, &r, 1, 0) == static_cast<ssize_t>(sizeof got);
+}
+
 // local_clients: DonorOptions::local_clients (one-sided access for this
 // process, tcp_transport.cc "Local donors"); off keeps every op on the wire.
 inline DonorOptions local_donor_options(std::string token, uint64_t capacity = 64ull << 20,

@@ -24,6 +24,7 @@
 #include "runtime/donor_server.h"
 #include "runtime/tcp_transport.h"
 #include "runtime/wire.h"
+#include "tests/runtime/local_donor.h"
 
 namespace farmem::testing {
 
@@ -38,6 +39,8 @@ struct TcpHarnessT {
 
   // follow_cpu: DonorOptions::follow_local_senders (on by default).
   void SetUp(bool follow_cpu = true) {
+    if (kLocal && !one_sided_allowed())
+      GTEST_SKIP() << "process_vm_readv is not allowed here: no one-sided path";
     DonorOptions o;
     o.follow_local_senders = follow_cpu;
     o.local_clients = kLocal;
