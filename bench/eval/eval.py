@@ -20,6 +20,11 @@ Systems
   fm-loopback  LD_PRELOAD=libfarmem_preload.so, FARMEM_TRANSPORT=loopback: an
                in-process donor, so this is the pager's own cost
   fm-tcp       the same against a farmemd on 127.0.0.1 (token file, port 0)
+               with --local-clients=off: every READ and WRITE over tcp, as
+               against a donor on another host
+  fm-local     the same farmemd's default for a client on its host: slabs
+               read and written one-sided (process_vm_readv), no request on
+               the wire (runtime/tcp_transport.cc "Local donors")
   swap         the process in a cgroup-v1 memory limit, swapfile on disk, zswap off
   zswap        the same with zswap on
 
@@ -82,7 +87,7 @@ import sys
 import tempfile
 import time
 
-SYSTEMS = ["local", "fm-loopback", "fm-tcp", "swap", "zswap"]
+SYSTEMS = ["local", "fm-loopback", "fm-tcp", "fm-local", "swap", "zswap"]
 WORKLOADS = ["kv", "sort", "pagerank", "scan", "memcached", "faultlat"]
 CG_ROOT = "/sys/fs/cgroup/memory"
 ZSWAP = "/sys/module/zswap/parameters/enabled"
@@ -213,8 +218,9 @@ class Harness:
         self.swapfile = None
         self.swap_on = False
         self.zswap_orig = None
-        self.farmemd = None
+        self.farmemd = None  # fm-tcp's (--local-clients=off)
         self.farmemd_port = None
+        self.farmemds = {}  # system -> (Popen, port): fm-tcp, fm-local
         self.token = os.path.join(self.work, "token")
         self.cells = []
         self.local = {}  # workload -> local cell
@@ -275,30 +281,48 @@ class Harness:
             return "cannot set %s: %s" % (ZSWAP, e)
         return None
 
-    def start_farmemd(self, capacity):
-        with open(self.token, "w") as f:
-            f.write(os.urandom(32).hex())
-        os.chmod(self.token, 0o600)
-        logp = os.path.join(self.work, "farmemd.log")
+    def start_farmemd(self, capacity, system="fm-tcp"):
+        """farmemd on 127.0.0.1 for `system`: fm-tcp's with
+        --local-clients=off (every op on the wire), fm-local's with the
+        default (one-sided for a client on this host)."""
+        if not os.path.exists(self.token):
+            with open(self.token, "w") as f:
+                f.write(os.urandom(32).hex())
+            os.chmod(self.token, 0o600)
+        logp = os.path.join(self.work, "farmemd-%s.log" % system)
         cmd = [os.path.join(self.build, "runtime", "farmemd"), "--listen", "127.0.0.1:0",
                "--capacity", "%dM" % (capacity // MiB), "--token-file", self.token,
                "--log-level", "warn"]
-        self.farmemd_log = logp
-        self.farmemd = subprocess.Popen(cmd, stdout=open(logp, "w"), stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL)
-        self.children.append(self.farmemd)
+        if system == "fm-tcp":
+            cmd += ["--local-clients", "off"]
+        p = subprocess.Popen(cmd, stdout=open(logp, "w"), stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL)
+        self.children.append(p)
         deadline = time.time() + 10
         while time.time() < deadline:
-            if self.farmemd.poll() is not None:
+            if p.poll() is not None:
                 return "farmemd exited at start: " + read_file(logp).strip()
             m = re.search(r"listening on [^ ]*:(\d+)", read_file(logp))
             if m:
-                self.farmemd_port = int(m.group(1))
-                log("farmemd (pid %d) listens on 127.0.0.1:%d, capacity %d MiB"
-                    % (self.farmemd.pid, self.farmemd_port, capacity // MiB))
+                port = int(m.group(1))
+                self.farmemds[system] = (p, port)
+                if system == "fm-tcp":
+                    self.farmemd, self.farmemd_port, self.farmemd_log = p, port, logp
+                log("farmemd for %s (pid %d) listens on 127.0.0.1:%d, capacity %d MiB"
+                    % (system, p.pid, port, capacity // MiB))
                 return None
             time.sleep(0.05)
         return "farmemd did not print its port within 10 s: " + read_file(logp).strip()
+
+    def is_farmemd(self, p):
+        return any(p is q for q, _ in self.farmemds.values())
+
+    def start_farmemds(self, systems, capacity):
+        for s in ("fm-tcp", "fm-local"):
+            if s in systems:
+                err = self.start_farmemd(capacity, s)
+                if err:
+                    raise SystemExit("eval: cannot start farmemd: %s" % err)
 
     def kill(self, p, sig=signal.SIGKILL):
         if p.poll() is None:
@@ -338,12 +362,13 @@ class Harness:
 
     def cleanup(self):
         for p in list(self.children):
-            if p is self.farmemd:
+            if self.is_farmemd(p):
                 continue
             self.kill(p)
-        if self.farmemd is not None:
-            self.kill(self.farmemd, signal.SIGTERM)
-            self.farmemd = None
+        for p, _ in self.farmemds.values():
+            self.kill(p, signal.SIGTERM)
+        self.farmemds = {}
+        self.farmemd = None
         for cg in list(self.cgroups):
             self.remove_cgroup(cg)
         if self.swap_on:
@@ -400,7 +425,7 @@ class Harness:
                 env["FARMEM_LOOPBACK_CAPACITY"] = str(cap)
             else:
                 env["FARMEM_TRANSPORT"] = "tcp"
-                env["FARMEM_SERVERS"] = "127.0.0.1:%d" % self.farmemd_port
+                env["FARMEM_SERVERS"] = "127.0.0.1:%d" % self.farmemds[system][1]
                 env["FARMEM_TOKEN_FILE"] = self.token
         return env
 
@@ -752,11 +777,7 @@ class Harness:
                 self.swap_skip = self.setup_swap(max(biggest * 2, 256 * MiB))
             if self.swap_skip:
                 log("SWAP BASELINE SKIPPED: %s; running the farmem systems only" % self.swap_skip)
-        if "fm-tcp" in self.a.systems:
-            cap = 1024 * MiB if self.a.quick else 2048 * MiB
-            err = self.start_farmemd(cap)
-            if err:
-                raise SystemExit("eval: cannot start farmemd: %s" % err)
+        self.start_farmemds(self.a.systems, 1024 * MiB if self.a.quick else 2048 * MiB)
         meta["swap_skipped"] = self.swap_skip
         meta["swaps"] = read_file("/proc/swaps")
         meta["zswap"] = {k: read_file("/sys/module/zswap/parameters/" + k).strip()
@@ -829,7 +850,7 @@ class Harness:
             raise
         except Exception as e:  # a harness bug must cost one cell, not the run
             for p in list(self.children):
-                if p is not self.farmemd:
+                if not self.is_farmemd(p):
                     self.kill(p)
             return {"workload": w, "system": s, "ratio": r, "status": "fail",
                     "reason": "harness error: %r" % e, "notes": []}
@@ -985,7 +1006,8 @@ def plot(out, cells, meta):
     except (OSError, subprocess.CalledProcessError):
         log("gnuplot not found (Debian package gnuplot-nox): no plots")
         return []
-    colors = {"fm-loopback": "#1f77b4", "fm-tcp": "#2ca02c", "swap": "#d62728",
+    colors = {"fm-loopback": "#1f77b4", "fm-tcp": "#2ca02c", "fm-local": "#9467bd",
+              "swap": "#d62728",
               "zswap": "#ff7f0e"}
     datdir = os.path.join(out, "data")
     os.makedirs(datdir, exist_ok=True)
@@ -1093,7 +1115,8 @@ def programs_main(a):
 
     a.programs = listarg(a.programs, programs.ALL_PROGRAMS, programs.PROGRAMS)
     a.systems = listarg(a.systems, programs.SYSTEMS,
-                        ["local", "fm-tcp"] if a.quick else ["local", "fm-tcp", "swap", "zswap"])
+                        ["local", "fm-tcp", "fm-local"] if a.quick
+                        else ["local", "fm-tcp", "fm-local", "swap", "zswap"])
     a.systems = ["local"] + [s for s in a.systems if s != "local"]
     if a.ratios:
         try:

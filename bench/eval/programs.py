@@ -30,7 +30,9 @@ in an unlimited cgroup-v1 group whose peak charge U is read too. At ratio R:
 Every cell reports its measured peak RSS next to the target and how far off
 it is (the "off" column); |off| > 5% is flagged in table.md. fm-loopback's
 peak RSS includes the in-process donor's memory, so it is not comparable
-(reported, flagged); fm-tcp against a farmemd on 127.0.0.1 is the real case.
+(reported, flagged). fm-tcp is against a farmemd on 127.0.0.1 with every op
+on the wire (--local-clients=off), as with a donor on another host; fm-local
+against the same daemon's default for a client on its own host, one-sided.
 
 Per cell: wall, user and system time (wait4), peak RSS, ratio to plain and
 to swap at the same R; farmem's counters from its FARMEM_STATS summary on
@@ -78,7 +80,7 @@ PROGRAMS = ["xz", "gnu-sort", "zstd"]  # the default set (issue 16's goals are c
 # objects come from malloc and (python's arenas) anonymous mmap.
 HEAP_PROGRAMS = ["python-dict", "perl-hash", "sqlite-mem"]
 ALL_PROGRAMS = PROGRAMS + HEAP_PROGRAMS
-SYSTEMS = ["local", "fm-tcp", "fm-loopback", "swap", "zswap"]
+SYSTEMS = ["local", "fm-tcp", "fm-local", "fm-loopback", "swap", "zswap"]
 PACKAGE = {"xz": ("xz", "xz-utils"), "gnu-sort": ("sort", "coreutils"), "zstd": ("zstd", "zstd"),
            "python-dict": ("python3", "python3-minimal"), "perl-hash": ("perl", "perl-base"),
            "sqlite-mem": ("sqlite3", "sqlite3")}
@@ -295,8 +297,8 @@ class Programs:
         h = hashlib.sha256()
         nbytes = 0
         fm = cell["system"].startswith("fm-")
-        fd_cpu0 = proc_cpu_s(self.h.farmemd.pid) if (cell["system"] == "fm-tcp"
-                                                     and self.h.farmemd) else None
+        fd = self.h.farmemds.get(cell["system"], (None, 0))[0]
+        fd_cpu0 = proc_cpu_s(fd.pid) if fd else None
         t0 = time.time()
         try:
             p, rep = self.h.spawn_launched(argv, env, cg, stdin=fin, stdout=subprocess.PIPE)
@@ -379,8 +381,8 @@ class Programs:
                             else "killed by signal %d" % r["signal"])
                     cell.update(status="fail", reason="%s: %s" % (
                         what, " | ".join(err[-4:]) or "no stderr"))
-        if fd_cpu0 is not None and self.h.farmemd:
-            c1 = proc_cpu_s(self.h.farmemd.pid)
+        if fd_cpu0 is not None:
+            c1 = proc_cpu_s(fd.pid)
             if c1 is not None:
                 cell["farmemd_cpu_s"] = round(c1 - fd_cpu0, 3)
         if fm:
@@ -499,7 +501,7 @@ class Programs:
             raise
         except Exception as e:  # a harness bug costs one cell, not the run
             for p in list(self.h.children):
-                if p is not self.h.farmemd:
+                if not self.h.is_farmemd(p):
                     kill_group(self.h, p)
             return {"workload": prog, "set": "programs", "system": system, "ratio": ratio,
                     "status": "fail", "reason": "harness error: %r" % e, "notes": []}
@@ -545,10 +547,7 @@ class Programs:
                 h.swap_skip = h.setup_swap(512 * MiB)
             if h.swap_skip:
                 self.log("SWAP BASELINE SKIPPED: %s; running plain and farmem only" % h.swap_skip)
-        if "fm-tcp" in a.systems:
-            err = h.start_farmemd(DONOR_CAPACITY)
-            if err:
-                raise SystemExit("eval: cannot start farmemd: %s" % err)
+        h.start_farmemds(a.systems, DONOR_CAPACITY)
         meta["swap_skipped"] = h.swap_skip
         meta["swaps"] = ev.read_file("/proc/swaps")
         meta["zswap"] = ({k: ev.read_file("/sys/module/zswap/parameters/" + k).strip()
@@ -843,7 +842,7 @@ def goals(cells):
     out = ["Goals of issue 16 (timings are only meaningful on an idle machine, at the "
            "default sizes):", ""]
     progs = [p for p in PROGRAMS if any(c["workload"] == p for c in cells)]
-    for s in ("fm-tcp", "fm-loopback"):
+    for s in ("fm-tcp", "fm-local", "fm-loopback"):
         for r, key, bound in ((70, "x_swap", 1.2), (70, "x_plain", 1.5), (100, "x_plain", 1.05)):
             res = []
             for p in progs:
@@ -912,7 +911,7 @@ def main(a):
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
         for c in list(h.children):  # the programs first: farmemd serves them
-            if c is not h.farmemd:
+            if not h.is_farmemd(c):
                 kill_group(h, c)
         h.cleanup()
     meta["elapsed_s"] = round(time.time() - t0, 1)
