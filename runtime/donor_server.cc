@@ -195,6 +195,7 @@ class DonorServer::Impl {
 
   uint16_t port_ = 0;
   uint64_t instance_id_ = 0;
+  std::atomic<uint64_t> local_slabs_lent_{0};  // offer_local()
 #ifdef FARMEM_HAVE_VERBS
   // Declared before pool_: the pool holds it as its registrar.
   std::unique_ptr<VerbsDonor> verbs_;
@@ -780,8 +781,12 @@ bool peer_is_loopback(int fd);
 //    on), sent as SlabDesc.addr with this process's pid as SlabDesc.rkey.
 //    The mapping goes away when the slab leaves the client (RELEASE, or
 //    the session ends or expires), before the slab is zeroed or lent to
-//    anyone else: a client that was stopped and comes back late gets
-//    EFAULT, never the next client's memory.
+//    anyone else, and its addresses are never mapped again: a client that
+//    was stopped and comes back late gets EFAULT, never the next client's
+//    memory. A shared pool gets transparent huge pages only where
+//    /sys/kernel/mm/transparent_hugepage/shmem_enabled allows them, and a
+//    huge-page pool (MAP_HUGETLB) cannot be aliased: its clients stay on
+//    tcp.
 //  * Proof: a page of this process right after the view starts with the
 //    session secret from WELCOME. The client reads it through the pid and
 //    address; only if it matches (same user, ptrace allowed, same pid
@@ -799,12 +804,15 @@ void DonorServer::Impl::offer_local(const Session& s, wire::Leased* l) {
   for (auto& d : l->slabs) {
     auto a = pool_->alias(s.id, d.slab, s.secret);
     if (!a.ok()) {
-      FARMEM_LOG(kDebug, "slab %u stays tcp-only for session %016" PRIx64 ": %s", d.slab, s.id,
-                 a.status().to_string().c_str());
+      static std::atomic<bool> told{false};
+      if (!told.exchange(true))
+        FARMEM_LOG(kInfo, "slab %u stays tcp-only for session %016" PRIx64 " on this host: %s",
+                   d.slab, s.id, a.status().to_string().c_str());
       continue;
     }
     d.addr = *a;
     d.rkey = pid;
+    local_slabs_lent_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
@@ -1519,6 +1527,9 @@ wire::StatsReply DonorServer::stats() const {
 }
 uint64_t DonorServer::instance_id() const {
   return impl_->instance_id_;
+}
+uint64_t DonorServer::local_slabs_lent() const {
+  return impl_->local_slabs_lent_.load(std::memory_order_relaxed);
 }
 bool DonorServer::huge_pages() const {
   return impl_->pool_->huge_pages();

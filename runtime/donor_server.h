@@ -121,6 +121,9 @@ class DonorServer {
   wire::StatsReply stats() const;
   uint64_t instance_id() const;
   bool huge_pages() const;  // donor memory is on MAP_HUGETLB pages
+  // Slabs lent with a one-sided view to a client on this host ("Local
+  // clients" in donor_server.cc); their READs and WRITEs are not in stats().
+  uint64_t local_slabs_lent() const;
   // The bound metrics port; 0 when metrics_listen is off.
   uint16_t metrics_port() const;
   // The live sessions, ascending by session id (what CLIENTS pages through).

@@ -340,6 +340,11 @@ int run(int argc, char** argv) {
          sig == SIGINT ? "SIGINT" : "SIGTERM", st.reads, format_size(st.bytes_read).c_str(),
          st.writes, format_size(st.bytes_written).c_str(), st.errors, st.sessions_expired,
          st.clients);
+  if (const uint64_t n = d.local_slabs_lent(); n > 0)
+    printf("farmemd: %" PRIu64
+           " slabs were lent to clients on this host, which read and wrote them one-sided "
+           "(their traffic is not in the counts above; --local-clients=off puts it on tcp)\n",
+           n);
   fflush(stdout);
   return 0;
 }

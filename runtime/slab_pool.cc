@@ -105,6 +105,17 @@ Result<std::unique_ptr<SlabPool>> SlabPool::create(const SlabPoolOptions& o) {
     if (!st.ok()) return st.with_context("registering donor memory");
   }
 
+  if (pool->shared_ && !pool->huge_pages_) {
+    // Address space for alias() views, never given out twice: 16 TiB (or
+    // less where the kernel refuses) of inaccessible, unbacked pages.
+    for (uint64_t size = kViewArena; size >= (uint64_t{1} << 36) && !pool->arena_; size /= 4) {
+      void* a = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (a == MAP_FAILED) continue;
+      pool->arena_ = static_cast<uint8_t*>(a);
+      pool->arena_size_ = size;
+    }
+  }
+
   pool->slabs_.resize(n);
   pool->free_.reserve(n);
   for (uint64_t i = n; i > 0; --i) pool->free_.push_back(static_cast<uint32_t>(i - 1));
@@ -112,6 +123,7 @@ Result<std::unique_ptr<SlabPool>> SlabPool::create(const SlabPoolOptions& o) {
 }
 
 SlabPool::~SlabPool() {
+  if (arena_ != nullptr) munmap(arena_, arena_size_);  // every view with it
   if (base_ != nullptr) munmap(base_, mapped_);
 }
 
@@ -181,9 +193,19 @@ bool SlabPool::drop_locked(uint32_t slab) {
   FARMEM_BUG_ON(s.state != State::kLeased);
   if (registrar_ != nullptr) registrar_->forget(s.owner, slab);
   if (s.alias != nullptr) {
-    // Before the slab can be zeroed or lent again (alias()).
-    FARMEM_BUG_ON(munmap(s.alias, slab_size_ + kPageSize) != 0);
+    // Before the slab can be zeroed or lent again (alias()): the view
+    // becomes inaccessible address space that no later view reuses.
+    const uint64_t span = slab_size_ + kPageSize;
+    if (mmap(s.alias, span, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+             0) == MAP_FAILED &&
+        munmap(s.alias, span) != 0) {
+      FARMEM_LOG(kError,
+                 "slab %u: its one-sided view cannot be revoked (%s); it is never lent again", slab,
+                 strerror(errno));
+      s.stuck = true;
+    }
     s.alias = nullptr;
+    --live_views_;
   }
   auto it = owner_bytes_.find(s.owner);
   FARMEM_BUG_ON(it == owner_bytes_.end() || it->second < slab_size_);
@@ -192,16 +214,27 @@ bool SlabPool::drop_locked(uint32_t slab) {
   leased_ -= slab_size_;
   s.owner = 0;
   s.state = State::kDraining;
-  return s.pins == 0;
+  return s.pins == 0 && !s.stuck;
 }
 
 void SlabPool::finish(uint32_t slab) noexcept {
   // Nobody can reach a draining slab with no pins: zero it unlocked.
   uint8_t* p = slab_addr(slab);
   bool pinned_frames = registrar_ != nullptr && registrar_->pins_pages();
-  // MADV_DONTNEED only unmaps shared memory; MADV_REMOVE frees it.
-  if (pinned_frames || madvise(p, slab_size_, shared_ ? MADV_REMOVE : MADV_DONTNEED) != 0)
+  if (shared_) {
+    // MADV_DONTNEED only unmaps shared memory; MADV_REMOVE frees it. No
+    // memset instead: a one-sided write that pinned a page before the view
+    // went could land after it.
+    if (madvise(p, slab_size_, MADV_REMOVE) != 0) {
+      FARMEM_LOG(kError, "slab %u cannot be zeroed (MADV_REMOVE: %s); it is never lent again", slab,
+                 strerror(errno));
+      std::lock_guard<std::mutex> lk(mu_);
+      slabs_[slab].stuck = true;
+      return;
+    }
+  } else if (pinned_frames || madvise(p, slab_size_, MADV_DONTNEED) != 0) {
     std::memset(p, 0, slab_size_);
+  }
   std::lock_guard<std::mutex> lk(mu_);
   Slab& s = slabs_[slab];
   FARMEM_BUG_ON(s.state != State::kDraining || s.pins != 0);
@@ -266,21 +299,19 @@ Result<uint64_t> SlabPool::alias(LeaseOwner owner, uint32_t slab, std::span<cons
   if (s.owner != owner || owner == 0)
     return make_error(Errc::kPermissionDenied, "slab %u is leased to another client", slab);
   if (s.alias == nullptr) {
-    // [view of the slab][proof page] at an address aligned as the pool is:
-    // reserve with room to align, then put both in place and trim.
-    const uint64_t align = huge_pages_ ? huge_page_size() : kPageSize;
+    if (arena_ == nullptr)
+      return make_error(Errc::kInvalidArgument,
+                        "slab %u: no views of a huge-page pool (mremap cannot alias it)", slab);
+    if (live_views_ >= kMaxViews)
+      return make_error(Errc::kResourceExhausted, "slab %u: %u views are live, the most", slab,
+                        kMaxViews);
+    // [view of the slab][proof page], at the arena's next unused address.
     const uint64_t span = slab_size_ + kPageSize;
-    void* r =
-        mmap(nullptr, span + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (r == MAP_FAILED)
-      return make_error(Errc::kResourceExhausted, "slab %u: no address space for a view: %s", slab,
-                        strerror(errno));
-    const auto lo = reinterpret_cast<uintptr_t>(r);
-    const uintptr_t at = (lo + align - 1) / align * align;
-    if (at > lo) munmap(r, at - lo);
-    if (const uintptr_t end = lo + span + align; end > at + span)
-      munmap(reinterpret_cast<void*>(at + span), end - (at + span));
-    auto* view = reinterpret_cast<uint8_t*>(at);
+    if (arena_size_ - arena_next_ < span)
+      return make_error(Errc::kResourceExhausted, "slab %u: the address space for views is used up",
+                        slab);
+    uint8_t* view = arena_ + arena_next_;
+    arena_next_ += span;
     // old_size 0: a second mapping of the same shared pages.
     void* a = mremap(slab_addr(slab), 0, slab_size_, MREMAP_MAYMOVE | MREMAP_FIXED, view);
     void* pp = a == MAP_FAILED ? MAP_FAILED
@@ -288,11 +319,14 @@ Result<uint64_t> SlabPool::alias(LeaseOwner owner, uint32_t slab, std::span<cons
                                       MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (pp == MAP_FAILED) {
       const int e = errno;
-      munmap(view, span);
+      if (mmap(view, span, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+               0) == MAP_FAILED)
+        munmap(view, span);
       return make_error(Errc::kResourceExhausted, "slab %u: no second mapping: %s", slab,
                         strerror(e));
     }
     s.alias = view;
+    ++live_views_;
   }
   std::memcpy(s.alias + slab_size_, proof.data(), proof.size());
   return reinterpret_cast<uint64_t>(s.alias);
@@ -305,7 +339,7 @@ void SlabPool::unpin(uint32_t slab) noexcept {
     FARMEM_BUG_ON(slab >= slabs_.size() || slabs_[slab].pins == 0);
     Slab& s = slabs_[slab];
     --s.pins;
-    finish_now = s.pins == 0 && s.state == State::kDraining;
+    finish_now = s.pins == 0 && s.state == State::kDraining && !s.stuck;
   }
   if (finish_now) finish(slab);
 }

@@ -110,9 +110,10 @@ class SlabPool {
   // as it is), and returns the view's address. The view and the page are
   // unmapped when the slab leaves its owner (release, session end), before
   // the slab is zeroed or lent again: a late access through the view fails
-  // (EFAULT) instead of reaching the next owner's data. Only on a shared
-  // pool: kInvalidArgument otherwise; kNotFound / kPermissionDenied as for
-  // pin(); kResourceExhausted when the kernel refuses the mapping.
+  // (EFAULT) instead of reaching the next owner's data: the address is
+  // never used again. Only on a shared pool without huge pages:
+  // kInvalidArgument otherwise; kNotFound / kPermissionDenied as for pin();
+  // kResourceExhausted at kMaxViews live views or when the kernel refuses.
   Result<uint64_t> alias(LeaseOwner owner, uint32_t slab, std::span<const uint8_t> proof);
 
   uint64_t capacity() const { return capacity_; }
@@ -136,6 +137,7 @@ class SlabPool {
     uint32_t pins = 0;
     State state = State::kFree;
     uint8_t* alias = nullptr;  // alias(): the owner's one-sided view, or null
+    bool stuck = false;        // its view could not be revoked or it not zeroed: never lent again
   };
 
   SlabPool() = default;
@@ -154,6 +156,16 @@ class SlabPool {
   bool huge_pages_ = false;
   bool shared_ = false;
   SlabRegistrar* registrar_ = nullptr;
+  // alias() views: a range of address space handed out front to back and
+  // never twice, so that a late access through a revoked view can only
+  // fault, whatever was lent since (kMaxViews live at once keeps the
+  // process's mappings well below vm.max_map_count).
+  static constexpr uint64_t kViewArena = uint64_t{1} << 44;
+  static constexpr uint32_t kMaxViews = 4096;
+  uint8_t* arena_ = nullptr;
+  uint64_t arena_size_ = 0;
+  uint64_t arena_next_ = 0;  // guarded by mu_
+  uint32_t live_views_ = 0;  // guarded by mu_
 
   mutable std::mutex mu_;
   std::vector<Slab> slabs_;     // guarded by mu_

@@ -339,7 +339,7 @@ Errc TcpTransport::Queue::post(std::span<const IoOp> ops) {
       continue;
     }
     if (slab->local_addr != 0) {
-      complete(op.cookie, local_io(*server->local, op, slab->local_addr + op.remote.offset));
+      complete(op.cookie, local_io(*server, op, slab->local_addr + op.remote.offset));
       continue;
     }
     Conn* c = conn_for(*server);
@@ -368,24 +368,33 @@ Errc TcpTransport::Queue::post(std::span<const IoOp> ops) {
   return Errc::kOk;
 }
 
-Errc TcpTransport::Queue::local_io(const LocalDonor& d, const IoOp& op, uint64_t remote) {
-  iovec l{op.local, op.length};
-  iovec r{reinterpret_cast<void*>(remote), op.length};
-  const ssize_t n = op.kind == IoKind::kRead ? process_vm_readv(d.pid, &l, 1, &r, 1, 0)
-                                             : process_vm_writev(d.pid, &l, 1, &r, 1, 0);
+Errc TcpTransport::Queue::local_io(const Server& server, const IoOp& op, uint64_t remote) {
+  if (std::find(local_dead_.begin(), local_dead_.end(), server.id) != local_dead_.end())
+    return Errc::kUnavailable;
+  const LocalDonor& d = *server.local;
+  // Before the op too: once the donor is gone its pid may name another
+  // process, which a WRITE must never reach.
   pollfd pf{d.pidfd.get(), POLLIN, 0};
-  const bool gone = ::poll(&pf, 1, 0) != 0;
-  if (n == static_cast<ssize_t>(op.length) && !gone) return Errc::kOk;
-  if (!local_warned_) {
-    local_warned_ = true;
-    FARMEM_LOG(kWarn,
-               "tcp transport: one-sided %s of %u bytes on the local donor (pid %d) failed: %s; "
-               "its ops fail with unavailable",
-               op.kind == IoKind::kRead ? "READ" : "WRITE", op.length, d.pid,
-               gone    ? "the donor exited"
-               : n < 0 ? strerror(errno)
-                       : "short transfer");
+  bool gone = ::poll(&pf, 1, 0) != 0;
+  ssize_t n = -1;
+  if (!gone) {
+    iovec l{op.local, op.length};
+    iovec r{reinterpret_cast<void*>(remote), op.length};
+    n = op.kind == IoKind::kRead ? process_vm_readv(d.pid, &l, 1, &r, 1, 0)
+                                 : process_vm_writev(d.pid, &l, 1, &r, 1, 0);
+    gone = ::poll(&pf, 1, 0) != 0;
   }
+  if (n == static_cast<ssize_t>(op.length) && !gone) return Errc::kOk;
+  // As a lost connection: this op and every later one on this donor fail.
+  local_dead_.push_back(server.id);
+  FARMEM_LOG(kWarn,
+             "tcp transport: one-sided %s of %u bytes on the local donor %s (pid %d) failed: %s; "
+             "this and every later op for it on this queue fail with unavailable",
+             op.kind == IoKind::kRead ? "READ" : "WRITE", op.length,
+             server.session->endpoint().to_string().c_str(), d.pid,
+             gone    ? "the donor exited"
+             : n < 0 ? strerror(errno)
+                     : "short transfer");
   return Errc::kUnavailable;
 }
 

@@ -123,8 +123,7 @@ class TcpTransport final : public TransportControl {  // satisfies TransportBack
     std::shared_ptr<const LocalDonor> local;  // set by the first local slab
   };
   // The proof of "Local donors" for `slab`; on success, *local is the
-  // donor (kept, or opened for its pid) and the proof bytes are cleared.
-  // Called with mu_ held.
+  // donor (kept, or opened for its pid). Called with mu_ held.
   Status adopt_local(const Server& server, const SlabDesc& slab,
                      std::shared_ptr<const LocalDonor>* local);
   // One immutable version of the tables; vectors sorted for binary search.
@@ -181,7 +180,7 @@ class TcpTransport::Queue {
   Conn* conn_for(const Server& server);
   void complete(uint64_t cookie, Errc status);
   // An op on a local donor's slab ("Local donors"), done now.
-  Errc local_io(const LocalDonor& d, const IoOp& op, uint64_t remote);
+  Errc local_io(const Server& server, const IoOp& op, uint64_t remote);
   void finish_head(Conn& c, Errc status);
   // Closes the connection and fails every op on it with kUnavailable.
   void kill(Conn& c, const char* why, int err);
@@ -194,9 +193,9 @@ class TcpTransport::Queue {
 
   TcpTransport* const t_;
   const size_t depth_;
-  size_t outstanding_ = 0;  // accepted, not reaped
-  bool local_warned_ = false;
-  size_t in_flight_ = 0;  // on some connection, no reply yet
+  size_t outstanding_ = 0;            // accepted, not reaped
+  std::vector<ServerId> local_dead_;  // local donors whose ops failed: all fail
+  size_t in_flight_ = 0;              // on some connection, no reply yet
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_slots_;  // a stack
   std::vector<IoCompletion> done_;    // ring of completed, unreaped ops

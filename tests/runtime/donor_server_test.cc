@@ -908,6 +908,7 @@ TEST_F(DonorServerTest, LocalClientsGetAViewOfEachSlabUntilItLeaves) {
     ASSERT_EQ(read_donor(d.addr + d.size, proof, sizeof proof), 0);
     EXPECT_EQ(std::memcmp(proof, a.welcome.secret.data(), sizeof proof), 0);
   }
+  EXPECT_EQ(srv_->local_slabs_lent(), 2u);
   const auto& d0 = (*l)[0];
   const auto& d1 = (*l)[1];
   // The wire's WRITE is in the view; a write to the view is what READ sees.
@@ -948,7 +949,12 @@ TEST_F(DonorServerTest, LocalClientsGetAViewOfEachSlabUntilItLeaves) {
     uint8_t proof[wire::kSecretSize];
     ASSERT_EQ(read_donor(d.addr + d.size, proof, sizeof proof), 0);
     EXPECT_EQ(std::memcmp(proof, b.welcome.secret.data(), sizeof proof), 0);
+    EXPECT_NE(d.addr, d0.addr);
+    EXPECT_NE(d.addr, d1.addr);
   }
+  // A's views, looked at late, still fault: B's are elsewhere.
+  EXPECT_EQ(read_donor(d0.addr, seen.data(), 16), EFAULT);
+  EXPECT_EQ(read_donor(d1.addr, seen.data(), 16), EFAULT);
 }
 
 TEST_F(DonorServerTest, LocalClientsOffKeepsEveryClientOnTheWire) {
@@ -959,6 +965,7 @@ TEST_F(DonorServerTest, LocalClientsOffKeepsEveryClientOnTheWire) {
   ASSERT_TRUE(l.ok());
   EXPECT_EQ((*l)[0].addr, 0u);
   EXPECT_EQ((*l)[0].rkey, 0u);
+  EXPECT_EQ(srv_->local_slabs_lent(), 0u);
 }
 
 TEST_F(DonorServerTest, CleanStopWithConnectionsOpen) {
