@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/runtime/local_donor.h"
 #include "tests/runtime/raw_client.h"
 
 namespace farmem {
@@ -875,13 +876,6 @@ TEST_F(DonorServerTest, SlabsAreZeroedBetweenClients) {
   EXPECT_EQ(*r, std::vector<uint8_t>(kSlab, 0));
 }
 
-// process_vm_readv of this process (the donor runs in it): the errno, 0
-// when all n bytes were read.
-int read_donor(uint64_t addr, void* out, size_t n) {
-  iovec l{out, n}, r{reinterpret_cast<void*>(addr), n};
-  return process_vm_readv(getpid(), &l, 1, &r, 1, 0) == static_cast<ssize_t>(n) ? 0 : errno;
-}
-
 // "Local clients" (donor_server.cc): a client on loopback gets, per slab,
 // a view in the donor (addr) and the donor's pid (rkey), with its session
 // secret right after the view; the view is the slab (what the wire
@@ -889,9 +883,7 @@ int read_donor(uint64_t addr, void* out, size_t n) {
 // session's end take the view away before the slab is zeroed and lent
 // again.
 TEST_F(DonorServerTest, LocalClientsGetAViewOfEachSlabUntilItLeaves) {
-  uint8_t probe = 0;
-  if (read_donor(reinterpret_cast<uint64_t>(&probe), &probe, 1) != 0)
-    GTEST_SKIP() << "process_vm_readv is not allowed here";
+  if (!testing::one_sided_allowed()) GTEST_SKIP() << "process_vm_readv is not allowed here";
   DonorOptions o = test_opts();
   o.local_clients = true;
   o.capacity = 2 * kSlab;
@@ -905,7 +897,7 @@ TEST_F(DonorServerTest, LocalClientsGetAViewOfEachSlabUntilItLeaves) {
     ASSERT_NE(d.addr, 0u);
     EXPECT_EQ(d.rkey, static_cast<uint32_t>(getpid()));
     uint8_t proof[wire::kSecretSize];
-    ASSERT_EQ(read_donor(d.addr + d.size, proof, sizeof proof), 0);
+    ASSERT_EQ(testing::read_own_memory(d.addr + d.size, proof, sizeof proof), 0);
     EXPECT_EQ(std::memcmp(proof, a.welcome.secret.data(), sizeof proof), 0);
   }
   EXPECT_EQ(srv_->local_slabs_lent(), 2u);
@@ -915,7 +907,7 @@ TEST_F(DonorServerTest, LocalClientsGetAViewOfEachSlabUntilItLeaves) {
   const auto pat = pattern(8192, 5);
   ASSERT_TRUE(a.data.write(d0.slab, 4096, pat).ok());
   std::vector<uint8_t> seen(8192);
-  ASSERT_EQ(read_donor(d0.addr + 4096, seen.data(), seen.size()), 0);
+  ASSERT_EQ(testing::read_own_memory(d0.addr + 4096, seen.data(), seen.size()), 0);
   EXPECT_EQ(seen, pat);
   const auto pat2 = pattern(4096, 6);
   iovec lw{const_cast<uint8_t*>(pat2.data()), pat2.size()};
@@ -927,14 +919,15 @@ TEST_F(DonorServerTest, LocalClientsGetAViewOfEachSlabUntilItLeaves) {
 
   // RELEASE: the view and its proof go at once.
   ASSERT_TRUE(a.ctl.release(d0.slab).ok());
-  EXPECT_EQ(read_donor(d0.addr, seen.data(), 16), EFAULT);
-  EXPECT_EQ(read_donor(d0.addr + d0.size, seen.data(), 16), EFAULT);
-  EXPECT_EQ(read_donor(d1.addr, seen.data(), 16), 0) << "the other slab keeps its view";
+  EXPECT_EQ(testing::read_own_memory(d0.addr, seen.data(), 16), EFAULT);
+  EXPECT_EQ(testing::read_own_memory(d0.addr + d0.size, seen.data(), 16), EFAULT);
+  EXPECT_EQ(testing::read_own_memory(d1.addr, seen.data(), 16), 0)
+      << "the other slab keeps its view";
   // The session's end takes the rest.
   a.ctl = RawClient();
   a.data = RawClient();
   ASSERT_TRUE(eventually([&] { return stats().leased == 0; }));
-  EXPECT_EQ(read_donor(d1.addr, seen.data(), 16), EFAULT);
+  EXPECT_EQ(testing::read_own_memory(d1.addr, seen.data(), 16), EFAULT);
 
   // The next client's slabs are zeroed (shared memory: MADV_REMOVE) and
   // have views of their own.
@@ -947,14 +940,14 @@ TEST_F(DonorServerTest, LocalClientsGetAViewOfEachSlabUntilItLeaves) {
     ASSERT_TRUE(z.ok());
     EXPECT_EQ(*z, std::vector<uint8_t>(kSlab, 0)) << "slab " << d.slab;
     uint8_t proof[wire::kSecretSize];
-    ASSERT_EQ(read_donor(d.addr + d.size, proof, sizeof proof), 0);
+    ASSERT_EQ(testing::read_own_memory(d.addr + d.size, proof, sizeof proof), 0);
     EXPECT_EQ(std::memcmp(proof, b.welcome.secret.data(), sizeof proof), 0);
     EXPECT_NE(d.addr, d0.addr);
     EXPECT_NE(d.addr, d1.addr);
   }
   // A's views, looked at late, still fault: B's are elsewhere.
-  EXPECT_EQ(read_donor(d0.addr, seen.data(), 16), EFAULT);
-  EXPECT_EQ(read_donor(d1.addr, seen.data(), 16), EFAULT);
+  EXPECT_EQ(testing::read_own_memory(d0.addr, seen.data(), 16), EFAULT);
+  EXPECT_EQ(testing::read_own_memory(d1.addr, seen.data(), 16), EFAULT);
 }
 
 TEST_F(DonorServerTest, LocalClientsOffKeepsEveryClientOnTheWire) {

@@ -16,6 +16,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -32,10 +34,16 @@ namespace farmem::testing {
 // Whether this process may use process_vm_readv at all (a sandbox's
 // seccomp profile may forbid it): "Local donors" then stays on tcp, and
 // the tests that expect the one-sided path skip.
+// read_own_memory: n bytes at addr of this process, read as another
+// process would (process_vm_readv); 0, or the errno (EFAULT: nothing
+// mapped there).
+inline int read_own_memory(uint64_t addr, void* out, size_t n) {
+  iovec l{out, n}, r{reinterpret_cast<void*>(addr), n};
+  return process_vm_readv(getpid(), &l, 1, &r, 1, 0) == static_cast<ssize_t>(n) ? 0 : errno;
+}
 inline bool one_sided_allowed() {
   int probe = 1, got = 0;
-  iovec l{&got, sizeof got}, r{&probe, sizeof probe};
-  return process_vm_readv(getpid(), &l, 1, &r, 1, 0) == static_cast<ssize_t>(sizeof got);
+  return read_own_memory(reinterpret_cast<uint64_t>(&probe), &got, sizeof got) == 0;
 }
 
 // local_clients: DonorOptions::local_clients (one-sided access for this

@@ -2,8 +2,6 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/uio.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -11,6 +9,8 @@
 #include <random>
 #include <thread>
 #include <vector>
+
+#include "tests/runtime/local_donor.h"
 
 namespace farmem {
 namespace {
@@ -179,22 +179,13 @@ TEST(SlabPool, ReleasedSlabIsZeroedBeforeTheNextOwner) {
   pool->unpin(0);
 }
 
-// The bytes at addr of this process, or the errno of the read (EFAULT:
-// nothing mapped there), read as another process would: process_vm_readv.
-int read_self(uint64_t addr, void* out, size_t n) {
-  iovec l{out, n}, r{reinterpret_cast<void*>(addr), n};
-  return process_vm_readv(getpid(), &l, 1, &r, 1, 0) == static_cast<ssize_t>(n) ? 0 : errno;
-}
-
 // "Local clients" (donor_server.cc): a leased slab of a shared pool gets a
 // view of its own, with the proof in the page after it; what is written
 // through the view is the slab's data; once the slab leaves its owner the
 // view is gone (EFAULT), the slab is zeroed, and the next owner's view is
 // another mapping.
 TEST(SlabPool, AliasIsTheSlabUntilItLeavesItsOwner) {
-  uint8_t probe = 0;
-  if (read_self(reinterpret_cast<uint64_t>(&probe), &probe, 1) != 0)
-    GTEST_SKIP() << "process_vm_readv is not allowed here";
+  if (!testing::one_sided_allowed()) GTEST_SKIP() << "process_vm_readv is not allowed here";
   auto pool = make_pool(2, 0, nullptr, /*shared=*/true);
   ASSERT_NE(pool, nullptr);
   ASSERT_TRUE(pool->shared());
@@ -206,9 +197,9 @@ TEST(SlabPool, AliasIsTheSlabUntilItLeavesItsOwner) {
   ASSERT_TRUE(v.ok()) << v.status().to_string();
   ASSERT_NE(*v, reinterpret_cast<uint64_t>(pool->slab_addr(slab)));
   uint8_t got[4] = {};
-  ASSERT_EQ(read_self(*v + kSlab, got, 4), 0);
+  ASSERT_EQ(testing::read_own_memory(*v + kSlab, got, 4), 0);
   EXPECT_EQ(std::memcmp(got, proof, 4), 0);
-  ASSERT_EQ(read_self(*v, got, 4), 0);
+  ASSERT_EQ(testing::read_own_memory(*v, got, 4), 0);
   EXPECT_TRUE(all_zero(got, 4)) << "the proof is not in the slab's data";
   // Written through the view, seen in the slab, and the other way round.
   auto* view = reinterpret_cast<uint8_t*>(*v);
@@ -230,8 +221,8 @@ TEST(SlabPool, AliasIsTheSlabUntilItLeavesItsOwner) {
   EXPECT_EQ(pool->alias(1, slab + 1, proof).status().code(), Errc::kNotFound);
 
   ASSERT_TRUE(pool->release(1, slab).ok());
-  EXPECT_EQ(read_self(*v, got, 4), EFAULT) << "the view outlived the lease";
-  EXPECT_EQ(read_self(*v + kSlab, got, 4), EFAULT) << "the proof outlived the lease";
+  EXPECT_EQ(testing::read_own_memory(*v, got, 4), EFAULT) << "the view outlived the lease";
+  EXPECT_EQ(testing::read_own_memory(*v + kSlab, got, 4), EFAULT) << "the proof outlived the lease";
   auto b = pool->lease(2, 2 * kSlab);
   ASSERT_TRUE(b.ok());
   ASSERT_EQ(pool->pin(2, slab, 0, kSlab, &p), Errc::kOk);
@@ -245,12 +236,13 @@ TEST(SlabPool, AliasIsTheSlabUntilItLeavesItsOwner) {
     EXPECT_NE(*w, *v);
     std::memset(reinterpret_cast<uint8_t*>(*w), 0x77, 64);
   }
-  EXPECT_EQ(read_self(*v, got, 4), EFAULT) << "a revoked view's address was mapped again";
+  EXPECT_EQ(testing::read_own_memory(*v, got, 4), EFAULT)
+      << "a revoked view's address was mapped again";
   // Session end drops every view of the owner.
   auto w = pool->alias(2, slab, proof);
   ASSERT_TRUE(w.ok());
   EXPECT_EQ(pool->release_all(2), 2u);
-  EXPECT_EQ(read_self(*w, got, 4), EFAULT);
+  EXPECT_EQ(testing::read_own_memory(*w, got, 4), EFAULT);
 }
 
 TEST(SlabPool, AliasNeedsASharedPool) {
