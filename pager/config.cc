@@ -74,6 +74,26 @@ const char* wp_async_name(WpAsyncMode m) {
   return "?";
 }
 
+Result<ColocateMode> parse_colocate(std::string_view text) {
+  if (text == "auto") return ColocateMode::kAuto;
+  if (text == "on") return ColocateMode::kOn;
+  if (text == "off") return ColocateMode::kOff;
+  return make_error(Errc::kInvalidArgument, "FARMEM_COLOCATE=%.*s: expected auto, on or off",
+                    static_cast<int>(text.size()), text.data());
+}
+
+const char* colocate_name(ColocateMode m) {
+  switch (m) {
+    case ColocateMode::kAuto:
+      return "auto";
+    case ColocateMode::kOn:
+      return "on";
+    case ColocateMode::kOff:
+      return "off";
+  }
+  return "?";
+}
+
 Status PagerConfig::validate() const {
   if (block_size < 4096 || block_size > (2u << 20) || (block_size & (block_size - 1)) != 0) {
     return make_error(Errc::kInvalidArgument,
@@ -191,6 +211,11 @@ Result<PagerConfig> PagerConfig::from_env(PagerConfig c) {
     auto r = parse_uint(v, "FARMEM_PIN_HANDLERS", 0, 1);
     if (!r.ok()) return r.status();
     c.pin_handlers = *r == 1;
+  }
+  if (const char* v = getenv("FARMEM_COLOCATE")) {
+    auto r = parse_colocate(v);
+    if (!r.ok()) return r.status();
+    c.colocate = *r;
   }
   if (const char* v = getenv("FARMEM_WRITTEN_WRITABLE")) {
     auto r = parse_uint(v, "FARMEM_WRITTEN_WRITABLE", 0, 1);

@@ -19,6 +19,7 @@
 //   FARMEM_ZERO_CHUNK      0, 2..64 (a power of two): zero-fill chunk in blocks (0 = off)
 //   FARMEM_BLOCKING_READ   0 / 1: idle handlers block in read() of the uffd (where supported)
 //   FARMEM_PIN_HANDLERS    0 / 1: one fault handler per allowed CPU, each pinned to its CPU
+//   FARMEM_COLOCATE        auto / on / off: a lone faulting thread and the evictor share its CPU
 //   FARMEM_WRITTEN_WRITABLE  0 / 1: a block seen written in its last stay comes back writable
 //   FARMEM_ZERO_PAGE       0 / 1: a read of never-written memory maps the shared zero page
 //   FARMEM_HOT_LAPS        0..3: laps of the active list a block seen in use stays mapped unsampled
@@ -46,6 +47,14 @@ enum class UffdMoveMode : uint8_t { kAuto, kOn, kOff };
 // their absence a start-up error, kOff keeps the WP-fault path.
 enum class WpAsyncMode : uint8_t { kAuto, kOn, kOff };
 
+// Co-location (pager/evictor.h "Co-location"): while one thread of the
+// program makes every fault and pages hard, it is confined to the CPU it
+// runs on and the evictor moves there, so that the evictor's TLB flushes
+// stay on one CPU. kAuto does it where the evictor measured a flush that
+// must reach another CPU as expensive (a virtual machine's interrupts);
+// kOn whenever one thread pages hard; kOff never.
+enum class ColocateMode : uint8_t { kAuto, kOn, kOff };
+
 struct PagerConfig {
   // Virtual bytes reserved: sized by the remote capacity, not by local memory.
   uint64_t region_size = 1ull << 30;
@@ -61,6 +70,9 @@ struct PagerConfig {
   // runs there as the faulting thread sleeps, instead of waking a halted
   // CPU (pager/fault_path.h "Handlers per CPU").
   bool pin_handlers = true;
+  // See ColocateMode. Needs pinned handlers (pin_handlers) on two CPUs or
+  // more.
+  ColocateMode colocate = ColocateMode::kAuto;
   // A block seen written in its last stay comes back writable and dirty on
   // a read fault (pager/fault_path.h "Written blocks come back writable");
   // and a read stream whose blocks mapped ahead (write-protected) are then
@@ -152,6 +164,8 @@ const char* uffd_move_name(UffdMoveMode m);
 // "auto" / "on" / "off"; kInvalidArgument names FARMEM_WP_ASYNC otherwise.
 Result<WpAsyncMode> parse_wp_async(std::string_view text);
 const char* wp_async_name(WpAsyncMode m);
+Result<ColocateMode> parse_colocate(std::string_view text);
+const char* colocate_name(ColocateMode m);
 
 // Pinned (the default): one per CPU the process may use (sched_getaffinity),
 // at most 64. Unpinned: min(max(cores / 2, 1), 8): a fault costs one

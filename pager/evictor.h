@@ -123,9 +123,42 @@
 // no call changes scattered pages under one flush here, and UFFDIO_MOVE
 // (one flush) is config.uffd_move's choice. Counted in evict_wp_calls(),
 // evict_dontneed_calls() and evict_gap_fills().
+//
+// Co-location (config.colocate, FARMEM_COLOCATE; colocate_tick(), and
+// pager/colocate.h for the pin itself). Each dirty block the evictor
+// demotes costs a UFFDIO_WRITEPROTECT, and its TLB flush must reach every
+// other CPU that runs a thread of this process. On this machine (a PVM
+// guest) that interrupt is the expensive thing: the call took a mean of
+// 10.1 us when the program ran on the other CPU, 1.1 us when the flush
+// stayed on one CPU (docs/eval/l-s23), and `perf -a` put 17-18% of both
+// CPUs' time in the evictor's sending of it (xz -7 at 70%, one-sided to
+// farmemd). Following the program with the evictor alone does not work:
+// with the evictor busy on its CPU, the kernel wakes the program from its
+// next fault on the idle one (2.7-6.7k migrations in 10 s, against 0.3k;
+// no faster). Confining all of them to one CPU (taskset) does. So when
+//   - one thread makes every fault (fault_path.h "Parked handlers": the
+//     main thread, or one in the registry, so alive while pinned),
+//   - the evictor demoted at least kColocateMinDemotions blocks in the
+//     last kColocateWindowNs (the program pages hard), and
+//   - FARMEM_COLOCATE=on, or auto and the evictor's write-protect calls
+//     measured a mean over kSlowFlushNs while apart (the last
+//     kFlushSamples calls; bare metal pays 1-3 us),
+// that thread is pinned to the CPU it runs on and the evictor moves there
+// (the handler on that CPU serves its faults, the others park). When one
+// of these stops holding, the thread gets its mask back: at once for a
+// second faulting thread or a suspend (a posix_spawn of the preload
+// library), after three quiet windows otherwise. A mask the program set
+// itself meanwhile wins: the pin is dropped unrestored and none is taken
+// for kColocateBackoffNs. What the pinned thread starts does not inherit
+// the pin (pager/colocate.h). Measured: xz -7 -T1 of 10 MiB of text at
+// FARMEM_LOCAL_MEM=75M, one-sided to farmemd on 127.0.0.1, interleaved,
+// a throwaway version of this: 41.2, 42.9, 44.5, 45.1 s against 46.0,
+// 48.0, 50.9, 51.1 s apart; system time 27-29 s against 51-56 s.
 #pragma once
 
+#include "pager/colocate.h"
 #include "pager/pager_core.h"
+#include "pager/park.h"
 #include "pager/zap.h"
 
 namespace farmem {
@@ -307,6 +340,7 @@ void Pager<B>::evictor_main() {
                              : std::max<int64_t>(high_blocks_, budget_blocks_ - headroom / 2);
   };
   while (!stop_.load(std::memory_order_acquire)) {
+    colocate_tick();
     {
       std::unique_lock<std::mutex> lk(evict_mu_);
       evict_cv_.wait_for(lk, std::chrono::milliseconds(50), [&] {
@@ -323,6 +357,7 @@ void Pager<B>::evictor_main() {
     }
     for (;;) {
       if (stop_.load(std::memory_order_acquire)) break;
+      colocate_tick();
       adapt_headroom();
       const int64_t floor = budget_blocks_ - headroom;
       if (resident_.load(std::memory_order_relaxed) <= floor) break;
@@ -335,6 +370,110 @@ void Pager<B>::evictor_main() {
       }
     }
   }
+  colocate_end();
+}
+
+template <TransportBackend B>
+void Pager<B>::colocate_tick() {
+  if (cfg_.colocate == ColocateMode::kOff || main_cpu_ == nullptr) return;
+  const uint64_t now = pager_detail::now_ns();
+  if (now < coloc_.next_ns) return;
+  coloc_.next_ns = now + kColocateWindowNs;
+  Colocation& c = coloc_;
+  if (!c.have_mask) {
+    CPU_ZERO(&c.evictor_mask);
+    if (sched_getaffinity(0, sizeof c.evictor_mask, &c.evictor_mask) != 0) {
+      cfg_.colocate = ColocateMode::kOff;
+      return;
+    }
+    c.have_mask = true;
+    c.last_ns = now;
+  }
+  const uint64_t demotions = counters_.demotions.load(std::memory_order_relaxed);
+  const bool paging = demotions - c.demotions0 >= kColocateMinDemotions;
+  c.demotions0 = demotions;
+  const uint64_t wp_n = wp_calls_.load(std::memory_order_relaxed);
+  const uint64_t wp_ns = wp_ns_.load(std::memory_order_relaxed);
+  if (!c.pinned && wp_n - c.wp_calls0 >= kFlushSamples) {
+    const uint64_t mean = (wp_ns - c.wp_ns0) / (wp_n - c.wp_calls0);
+    c.slow = mean > kSlowFlushNs ? 1 : 0;
+    counters_.flush_apart_ns.store(mean, std::memory_order_relaxed);
+  }
+  if (!c.pinned && wp_n - c.wp_calls0 >= kFlushSamples) {
+    c.wp_calls0 = wp_n;
+    c.wp_ns0 = wp_ns;
+  }
+  // One thread makes every fault, and where it runs is known.
+  const int tid = faulter_tid_.load(std::memory_order_relaxed);
+  const int cpu = fault_cpu_.load(std::memory_order_seq_cst);
+  const bool alone = cpu >= 0 && cpu < 64 && ((handler_cpus_ >> cpu) & 1) != 0 &&
+                     now - other_fault_ns_.load(std::memory_order_relaxed) > kParkAfterOtherNs;
+  if (c.pinned) {
+    counters_.bump(counters_.colocated_ns, now - c.last_ns);
+    c.last_ns = now;
+    if (!colocate_still_pinned()) {
+      // The program set the thread's mask itself, the thread ended, or a
+      // suspend lifted the pin.
+      if (!colocate_suspended()) c.backoff_until = now + kColocateBackoffNs;
+      colocate_apart();
+      return;
+    }
+    if (!alone || tid != c.tid) {
+      colocate_unpin();
+      colocate_apart();
+      return;
+    }
+    c.quiet = paging ? 0 : c.quiet + 1;
+    if (c.quiet >= 3) {
+      colocate_unpin();
+      colocate_apart();
+    }
+    return;
+  }
+  c.last_ns = now;
+  const bool slow = cfg_.colocate == ColocateMode::kOn || c.slow == 1;
+  if (!alone || !paging || !slow || now < c.backoff_until || colocate_suspended()) return;
+  // Alive (the main thread, or registered: it takes itself out, and any
+  // pin with it, before it ends), and still where it last faulted.
+  const int at = tid == main_tid_ ? read_cpu(main_cpu_) : registered_thread_cpu(tid);
+  if (at != cpu || !colocate_pin(tid, cpu)) return;
+  if (tid != main_tid_ && registered_thread_cpu(tid) < 0) {
+    colocate_unpin();  // it may have left between the two looks
+    return;
+  }
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  if (sched_setaffinity(0, sizeof one, &one) != 0) {
+    colocate_unpin();
+    return;
+  }
+  c.pinned = true;
+  c.tid = tid;
+  c.cpu = cpu;
+  c.quiet = 0;
+  counters_.bump(counters_.colocations);
+}
+
+template <TransportBackend B>
+void Pager<B>::colocate_apart() {
+  Colocation& c = coloc_;
+  if (!c.pinned) return;
+  c.pinned = false;
+  c.tid = 0;
+  c.cpu = -1;
+  (void)sched_setaffinity(0, sizeof c.evictor_mask, &c.evictor_mask);
+  // Flush timings from now on are the ones apart.
+  c.wp_calls0 = wp_calls_.load(std::memory_order_relaxed);
+  c.wp_ns0 = wp_ns_.load(std::memory_order_relaxed);
+}
+
+template <TransportBackend B>
+void Pager<B>::colocate_end() {
+  if (!coloc_.pinned) return;
+  counters_.bump(counters_.colocated_ns, pager_detail::now_ns() - coloc_.last_ns);
+  colocate_unpin();
+  colocate_apart();
 }
 
 // Adaptive victim cache. The victim cache buys replacement quality (second
@@ -589,8 +728,12 @@ size_t Pager<B>::demote_batch(size_t max, size_t* dropped) {
     size_t j = i + 1;
     while (j < nd && dirty[j] == dirty[j - 1] + 1) ++j;
     int err = 0;
-    if (uffd_.write_protect(block_addr(dirty[i]), (j - i) * uint64_t{block_}, true, &err) !=
-        Errc::kOk) {
+    const uint64_t t0 = pager_detail::now_ns();
+    const Errc wpe =
+        uffd_.write_protect(block_addr(dirty[i]), (j - i) * uint64_t{block_}, true, &err);
+    wp_ns_.fetch_add(pager_detail::now_ns() - t0, std::memory_order_relaxed);
+    wp_calls_.fetch_add(1, std::memory_order_relaxed);
+    if (wpe != Errc::kOk) {
       fatal("pager: write-protecting %zu blocks at %p for eviction failed: %s", j - i,
             static_cast<void*>(block_addr(dirty[i])), strerror(err));
     }

@@ -19,6 +19,7 @@
 #include <linux/userfaultfd.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -689,6 +690,23 @@ class Pager {
   std::atomic<int> faulter_tid_{0};
   ParkWord park_;
 
+  // Co-location state (evictor.h "Co-location"); the evictor's alone,
+  // but wp_ns_ / wp_calls_, which any demote_batch() caller adds to.
+  static constexpr uint64_t kColocateWindowNs = 100'000'000;
+  static constexpr uint64_t kColocateMinDemotions = 200;  // a window's, to count as paging
+  static constexpr uint64_t kFlushSamples = 128;          // write-protect calls per verdict
+  static constexpr uint64_t kSlowFlushNs = 5'000;         // a mean above: flushes are expensive
+  static constexpr uint64_t kColocateBackoffNs = 1'000'000'000;
+  std::atomic<uint64_t> wp_ns_{0}, wp_calls_{0};
+  struct Colocation {
+    uint64_t next_ns = 0, last_ns = 0, backoff_until = 0;
+    uint64_t demotions0 = 0, wp_ns0 = 0, wp_calls0 = 0;
+    int slow = -1;  // remote flushes: -1 not measured yet, 0 cheap, 1 expensive
+    int tid = 0, cpu = -1, quiet = 0;
+    bool pinned = false, have_mask = false;
+    cpu_set_t evictor_mask;  // the evictor's own, restored when apart
+  } coloc_;
+
   // Idle handlers block in read() (see the comment above handler_main() in
   // fault_path.h).
   // blocking_read_: the uffd is blocking and preadv2(RWF_NOWAIT) works.
@@ -714,6 +732,13 @@ class Pager {
   int pollers_ = 0;                   // guarded by mode_mu_
   std::atomic<int> pollers_hint_{0};  // its last value, read unlocked
   void set_poller(Handler& h, bool on);
+  // Co-location (evictor.h "Co-location"), run by the evictor thread:
+  // colocate_tick() decides every kColocateWindowNs, colocate_end()
+  // lifts the pin when the evictor stops. wp_ns_ / wp_calls_: the
+  // evictor's write-protect calls, timed (demote_batch()).
+  void colocate_tick();
+  void colocate_end();
+  void colocate_apart();
   // Parked handlers: note_faulter() follows where the main thread faults
   // (wakes the parked handlers when that changes); should_park() says
   // whether an idle `h` is not needed; park() sleeps (at most kParkNs)

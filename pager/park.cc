@@ -10,6 +10,8 @@
 #include <climits>
 #include <cstddef>
 
+#include "pager/colocate.h"
+
 namespace farmem {
 
 namespace {
@@ -56,6 +58,7 @@ void register_thread_cpu() {
 
 void unregister_thread_cpu() {
   const int tid = static_cast<int>(syscall(SYS_gettid));
+  colocate_forget(tid);  // a pin must not outlive its thread
   RegistryLock lk;
   for (int i = 0; i < g_thread_cpus.n; ++i) {
     if (g_thread_cpus.tid[i] != tid) continue;

@@ -72,6 +72,9 @@ void PagerCounters::snapshot(PagerStats* s) const {
   s->refaults_hot = ld(refaults_hot);
   s->hot_passes = ld(hot_passes);
   s->evicted_behind = ld(evicted_behind);
+  s->colocations = ld(colocations);
+  s->colocated_ns = ld(colocated_ns);
+  s->flush_apart_ns = ld(flush_apart_ns);
 }
 
 std::string PagerStats::to_string() const {

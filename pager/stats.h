@@ -82,6 +82,13 @@ struct PagerStats {
   // Blocks demoted from behind a sequential stream instead of the list's
   // tail (pager/evictor.h "Eviction behind streams").
   uint64_t evicted_behind = 0;
+  // Co-location (pager/evictor.h "Co-location"): how many times a lone
+  // faulting thread was confined to its CPU with the evictor, for how long
+  // in all, and the evictor's mean write-protect call while apart (ns; 0:
+  // not measured), which decides it under FARMEM_COLOCATE=auto.
+  uint64_t colocations = 0;
+  uint64_t colocated_ns = 0;
+  uint64_t flush_apart_ns = 0;
   // Memory.
   uint64_t resident_bytes = 0;  // mapped blocks + occupied victim slots (+ fetches in flight)
   uint64_t resident_peak_bytes = 0;
@@ -105,6 +112,7 @@ struct alignas(64) PagerCounters {
   std::atomic<uint64_t> prefetch_issued{0}, prefetch_used{0}, prefetch_unused{0},
       prefetch_mapped{0}, prefetch_written_ahead{0};
   std::atomic<uint64_t> hot_marked{0}, refaults_hot{0}, hot_passes{0}, evicted_behind{0};
+  std::atomic<uint64_t> colocations{0}, colocated_ns{0}, flush_apart_ns{0};
 
   static void bump(std::atomic<uint64_t>& c, uint64_t n = 1) {
     c.fetch_add(n, std::memory_order_relaxed);

@@ -73,6 +73,7 @@
 #include <link.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <string.h>
@@ -92,6 +93,7 @@
 #include "allocator/local_scope.h"
 #include "allocator/options.h"
 #include "farmem/farmem.h"
+#include "pager/colocate.h"
 #include "pager/park.h"
 #include "runtime/log.h"
 #include "runtime/parse.h"
@@ -274,6 +276,7 @@ void far_free(void* p) {
 struct Trampoline {
   void* (*fn)(void*);
   void* arg;
+  bool from_pinned;  // started by the thread co-location pinned (pager/colocate.h)
 };
 
 void* local_thread_main(void* raw) {
@@ -304,6 +307,7 @@ void unregister_cpu(void*) {
 void* app_thread_main(void* raw) {
   Trampoline t = *static_cast<Trampoline*>(raw);
   __libc_free(raw);
+  if (t.from_pinned) farmem::colocate_restore_self(/*from_pinned=*/true);
   // The destructor first: a thread that ends before it registered only
   // takes out what is not there.
   if (g_cpu_key_ok && pthread_setspecific(g_cpu_key, reinterpret_cast<void*>(1)) == 0)
@@ -322,6 +326,7 @@ farmem::FarBacking* fork_backing() {
 }
 
 void on_fork_prepare() {
+  farmem::colocate_fork_prepare();
   farmem::FarBacking* b = fork_backing();
   if (b == nullptr || g_fork_child) return;
   farmem::LocalScope local;
@@ -354,6 +359,7 @@ void on_fork_parent() {
 }
 
 void on_fork_child() {
+  farmem::colocate_fork_child();
   if (t_fork_prepared) mm_fork_unlock();
   if (t_trim_locked) trim_fork_unlock();
   t_trim_locked = false;
@@ -454,6 +460,15 @@ void print_stats() {
              (unsigned long long)ps.hot_marked, (unsigned long long)ps.refaults_hot,
              (unsigned long long)ps.hot_passes, (unsigned long long)ps.evicted_behind);
     write_stderr(msg);
+    if (ps.colocations > 0 || ps.flush_apart_ns > 0) {
+      snprintf(msg, sizeof msg,
+               "farmem: stats: co-location (FARMEM_COLOCATE): the faulting thread and the "
+               "evictor shared one CPU %llu times, %.1f s in all; a write-protect apart took "
+               "%.1f us on average\n",
+               (unsigned long long)ps.colocations, static_cast<double>(ps.colocated_ns) / 1e9,
+               static_cast<double>(ps.flush_apart_ns) / 1e3);
+      write_stderr(msg);
+    }
     snprintf(msg, sizeof msg,
              "farmem: stats: prefetch: %llu issued, %llu used, %llu unused; zero-fill "
              "fault-around: %llu blocks; faults that waited: %llu\n",
@@ -469,10 +484,13 @@ void print_stats() {
   print_main_times(msg, sizeof msg);
 }
 
+void resolve_spawn_fns();  // below, "exec and spawn"
+
 __attribute__((constructor)) void preload_init() {
   farmem::LocalScope local;
   (void)libc_usable();
   (void)real_create();
+  resolve_spawn_fns();
   auto o = farmem::options_from_env();
   if (!o.ok()) {
     char msg[1024];
@@ -688,9 +706,162 @@ FARMEM_EXPORT int pthread_create(pthread_t* t, const pthread_attr_t* attr, void*
   if (tr == nullptr) return EAGAIN;
   tr->fn = fn;
   tr->arg = arg;
+  tr->from_pinned = farmem::colocate_is_pinned_self();
   int rc = real(t, attr, farmem::in_local_scope() ? &local_thread_main : &app_thread_main, tr);
   if (rc != 0) __libc_free(tr);
   return rc;
+}
+
+// ---- exec and spawn ---------------------------------------------------------
+//
+// Co-location (pager/colocate.h) may hold the program's faulting thread on
+// one CPU. A program started from it must not inherit that: the exec
+// family gives the calling task its own mask back first (the pinned thread
+// itself, or a fork / vfork child of it: async-signal-safe, nothing
+// written), and posix_spawn, system and popen lift the pin for the call
+// (glibc's child execs without passing through any wrapper). The real
+// functions are looked up in our constructor: a vfork child must not call
+// dlsym.
+
+namespace {
+
+using ExecveFn = int (*)(const char*, char* const[], char* const[]);
+using ExecvFn = int (*)(const char*, char* const[]);
+using FexecveFn = int (*)(int, char* const[], char* const[]);
+using SpawnFn = int (*)(pid_t*, const char*, const posix_spawn_file_actions_t*,
+                        const posix_spawnattr_t*, char* const[], char* const[]);
+using SystemFn = int (*)(const char*);
+using PopenFn = FILE* (*)(const char*, const char*);
+struct SpawnFns {
+  ExecveFn execve, execvpe;
+  ExecvFn execv, execvp;
+  FexecveFn fexecve;
+  SpawnFn posix_spawn, posix_spawnp;
+  SystemFn system;
+  PopenFn popen;
+};
+SpawnFns g_spawn;
+
+template <typename F>
+void resolve_one(F* out, const char* name) {
+  *out = reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+  if (*out == nullptr) farmem::fatal("farmem preload: dlsym(%s) failed: %s", name, dlerror());
+}
+
+void resolve_spawn_fns() {
+  resolve_one(&g_spawn.execve, "execve");
+  resolve_one(&g_spawn.execvpe, "execvpe");
+  resolve_one(&g_spawn.execv, "execv");
+  resolve_one(&g_spawn.execvp, "execvp");
+  resolve_one(&g_spawn.fexecve, "fexecve");
+  resolve_one(&g_spawn.posix_spawn, "posix_spawn");
+  resolve_one(&g_spawn.posix_spawnp, "posix_spawnp");
+  resolve_one(&g_spawn.system, "system");
+  resolve_one(&g_spawn.popen, "popen");
+}
+
+// The pin lifted for the life of one call.
+class SpawnUnpinned {
+ public:
+  SpawnUnpinned() { farmem::colocate_suspend(); }
+  ~SpawnUnpinned() { farmem::colocate_resume(); }
+  SpawnUnpinned(const SpawnUnpinned&) = delete;
+  SpawnUnpinned& operator=(const SpawnUnpinned&) = delete;
+};
+
+// execl's arguments as an argv (on the stack: no allocation in a vfork
+// child): arg0, then the variadic ones up to and with the NULL. With
+// want_env (execle), the environment after the NULL goes to envp_out.
+#define FARMEM_COLLECT_ARGV(argv, arg0, want_env, envp_out)               \
+  size_t argc_ = 1; /* arg0: glibc declares it non-null */                \
+  {                                                                       \
+    va_list ap_;                                                          \
+    va_start(ap_, arg0);                                                  \
+    while (va_arg(ap_, const char*) != nullptr) ++argc_;                  \
+    va_end(ap_);                                                          \
+  }                                                                       \
+  char** argv = static_cast<char**>(alloca((argc_ + 1) * sizeof(char*))); \
+  {                                                                       \
+    va_list ap_;                                                          \
+    va_start(ap_, arg0);                                                  \
+    argv[0] = const_cast<char*>(arg0);                                    \
+    for (size_t i_ = 1; i_ <= argc_; ++i_) argv[i_] = va_arg(ap_, char*); \
+    if (want_env) envp_out = va_arg(ap_, char**);                         \
+    va_end(ap_);                                                          \
+  }
+
+}  // namespace
+
+FARMEM_EXPORT int execve(const char* path, char* const argv[], char* const envp[]) noexcept {
+  farmem::colocate_restore_self();
+  return g_spawn.execve(path, argv, envp);
+}
+
+FARMEM_EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) noexcept {
+  farmem::colocate_restore_self();
+  return g_spawn.execvpe(file, argv, envp);
+}
+
+FARMEM_EXPORT int execv(const char* path, char* const argv[]) noexcept {
+  farmem::colocate_restore_self();
+  return g_spawn.execv(path, argv);
+}
+
+FARMEM_EXPORT int execvp(const char* file, char* const argv[]) noexcept {
+  farmem::colocate_restore_self();
+  return g_spawn.execvp(file, argv);
+}
+
+FARMEM_EXPORT int fexecve(int fd, char* const argv[], char* const envp[]) noexcept {
+  farmem::colocate_restore_self();
+  return g_spawn.fexecve(fd, argv, envp);
+}
+
+FARMEM_EXPORT int execl(const char* path, const char* arg, ...) noexcept {
+  char** envp_unused = nullptr;
+  FARMEM_COLLECT_ARGV(argv, arg, false, envp_unused);
+  (void)envp_unused;
+  farmem::colocate_restore_self();
+  return g_spawn.execv(path, argv);
+}
+
+FARMEM_EXPORT int execlp(const char* file, const char* arg, ...) noexcept {
+  char** envp_unused = nullptr;
+  FARMEM_COLLECT_ARGV(argv, arg, false, envp_unused);
+  (void)envp_unused;
+  farmem::colocate_restore_self();
+  return g_spawn.execvp(file, argv);
+}
+
+FARMEM_EXPORT int execle(const char* path, const char* arg, ...) noexcept {
+  char** envp = nullptr;
+  FARMEM_COLLECT_ARGV(argv, arg, true, envp);
+  farmem::colocate_restore_self();
+  return g_spawn.execve(path, argv, envp);
+}
+
+FARMEM_EXPORT int posix_spawn(pid_t* pid, const char* path, const posix_spawn_file_actions_t* fa,
+                              const posix_spawnattr_t* attr, char* const argv[],
+                              char* const envp[]) noexcept {
+  SpawnUnpinned unpinned;
+  return g_spawn.posix_spawn(pid, path, fa, attr, argv, envp);
+}
+
+FARMEM_EXPORT int posix_spawnp(pid_t* pid, const char* file, const posix_spawn_file_actions_t* fa,
+                               const posix_spawnattr_t* attr, char* const argv[],
+                               char* const envp[]) noexcept {
+  SpawnUnpinned unpinned;
+  return g_spawn.posix_spawnp(pid, file, fa, attr, argv, envp);
+}
+
+FARMEM_EXPORT int system(const char* command) {
+  SpawnUnpinned unpinned;
+  return g_spawn.system(command);
+}
+
+FARMEM_EXPORT FILE* popen(const char* command, const char* type) {
+  SpawnUnpinned unpinned;
+  return g_spawn.popen(command, type);
 }
 
 // ---- anonymous mmap ---------------------------------------------------------

@@ -483,9 +483,10 @@ TEST(PagerFaultPath, WrittenWritableOffKeepsWriteProtection) {
 // Handlers per CPU (fault_path.h): by default one fault handler per CPU
 // the process may use, each pinned to its own CPU (the kernel's view, read
 // back from /proc), and faults are served byte-exact. Unpinned on request.
-// Of each fm-fault thread: its CPUs (Cpus_allowed_list) and its voluntary
-// context switches so far, sorted by CPUs.
-std::vector<std::pair<std::string, long>> fault_threads() {
+// Of each thread named `thread` (fm-fault: the handlers): its CPUs
+// (Cpus_allowed_list) and its voluntary context switches so far, sorted by
+// CPUs.
+std::vector<std::pair<std::string, long>> threads_named(const std::string& thread) {
   std::vector<std::pair<std::string, long>> out;
   DIR* d = opendir("/proc/self/task");
   if (d == nullptr) return out;
@@ -495,7 +496,7 @@ std::vector<std::pair<std::string, long>> fault_threads() {
     std::ifstream comm(dir + "/comm");
     std::string name;
     std::getline(comm, name);
-    if (name != "fm-fault") continue;
+    if (name != thread) continue;
     std::ifstream status(dir + "/status");
     std::string line, cpus;
     long sw = -1;
@@ -510,6 +511,10 @@ std::vector<std::pair<std::string, long>> fault_threads() {
   closedir(d);
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::vector<std::pair<std::string, long>> fault_threads() {
+  return threads_named("fm-fault");
 }
 
 std::vector<std::string> fault_thread_cpus() {
@@ -668,6 +673,104 @@ TEST(PagerFaultPath, HandlersOffTheMainThreadsCpuPark) {
     write_and_check(mem, 1024, 17);
   }
   ASSERT_EQ(sched_setaffinity(0, sizeof old_set, &old_set), 0);
+}
+
+// Co-location (evictor.h): with FARMEM_COLOCATE=on, the main thread
+// paging alone is confined to the CPU it runs on, and the evictor moves
+// there; once it stops paging (three quiet windows) it gets its own mask
+// back, and at once when another thread faults. With off, never. Every
+// round reads back byte-exact.
+cpu_set_t own_mask() {
+  cpu_set_t s;
+  CPU_ZERO(&s);
+  EXPECT_EQ(sched_getaffinity(0, sizeof s, &s), 0);
+  return s;
+}
+
+// Pages (1024 pages through a 64-page budget a round) until the pager
+// says it co-located `want` times in all, for at most 20 s.
+bool page_until_colocated(P& p, uint8_t* mem, uint64_t* round, uint64_t want) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (p.stats().colocations < want && std::chrono::steady_clock::now() < end)
+    write_and_check(mem, 1024, (*round)++);
+  return p.stats().colocations >= want;
+}
+
+// Polls for at most 3 s until the main thread's mask is `want` again.
+bool mask_back(const cpu_set_t& want) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  for (;;) {
+    cpu_set_t now = own_mask();
+    if (CPU_EQUAL(&now, &want)) return true;
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+TEST(PagerFaultPath, ALoneFaultingThreadSharesItsCpuWithTheEvictor) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  const std::vector<int> cpus = allowed_cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "needs two CPUs";
+  const cpu_set_t before = own_mask();
+  LoopbackRig rig;
+  PagerConfig c = fault_path_config(64, 4096);
+  c.colocate = ColocateMode::kOn;
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  uint64_t round = 1;
+  ASSERT_TRUE(page_until_colocated(p, mem, &round, 1)) << p.stats().to_string();
+  // Pinned where it runs, and the evictor with it.
+  const cpu_set_t pinned = own_mask();
+  ASSERT_EQ(CPU_COUNT(&pinned), 1);
+  int cpu = -1;
+  for (int i : cpus)
+    if (CPU_ISSET(i, &pinned)) cpu = i;
+  ASSERT_GE(cpu, 0);
+  const auto evictor = threads_named("fm-evict");
+  ASSERT_EQ(evictor.size(), 1u);
+  EXPECT_EQ(evictor[0].first, std::to_string(cpu));
+  write_and_check(mem, 1024, round++);
+  // Paging stopped: its own mask back, the evictor's too.
+  EXPECT_TRUE(mask_back(before));
+  EXPECT_NE(threads_named("fm-evict")[0].first, std::to_string(cpu));
+  EXPECT_GT(p.stats().colocated_ns, 0u);
+
+  // Pinned again; another thread faults: apart at once.
+  ASSERT_TRUE(page_until_colocated(p, mem, &round, 2)) << p.stats().to_string();
+  // It pages on while it looks (so not a quiet window's doing).
+  const int main_tid = static_cast<int>(getpid());
+  bool apart = false;
+  std::thread t([&] {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    for (uint64_t i = 100; !apart && std::chrono::steady_clock::now() < end; ++i) {
+      write_and_check(mem, 1024, i);
+      cpu_set_t m;
+      CPU_ZERO(&m);
+      ASSERT_EQ(sched_getaffinity(main_tid, sizeof m, &m), 0);
+      apart = CPU_EQUAL(&m, &before);
+    }
+  });
+  t.join();
+  EXPECT_TRUE(apart) << "the main thread's mask, while another thread paged";
+  write_and_check(mem, 1024, 200);
+}
+
+TEST(PagerFaultPath, ColocateOffNeverPins) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  if (allowed_cpus().size() < 2) GTEST_SKIP() << "needs two CPUs";
+  const cpu_set_t before = own_mask();
+  LoopbackRig rig;
+  PagerConfig c = fault_path_config(64, 4096);
+  c.colocate = ColocateMode::kOff;
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  for (uint64_t round = 1; round < 4 || std::chrono::steady_clock::now() < end; ++round) {
+    write_and_check(mem, 1024, round);
+    cpu_set_t now = own_mask();
+    ASSERT_TRUE(CPU_EQUAL(&now, &before)) << "round " << round;
+  }
+  EXPECT_EQ(p.stats().colocations, 0u);
 }
 
 }  // namespace
