@@ -122,11 +122,15 @@ Status TcpTransport::add_slab(ServerId server, const SlabDesc& slab) {
 //    another process (another pid namespace, a reused number) and a donor
 //    that does not offer the path; refusals (another user, ptrace
 //    restrictions: EPERM) keep the slab on tcp.
+//  * Batches: consecutive ops of one kind on one donor in a post() (a
+//    write-back batch, a prefetch window) are one call with up to kMaxIov
+//    iovecs a side and one pidfd poll after it (and one before a WRITE);
+//    a call that fails is redone op by op, which says which op failed.
 //  * Liveness: a pidfd of the donor, opened at the proof, is polled after
-//    every op. An op that ran after the donor exited (a reused pid could
-//    have answered it) completes kUnavailable, as a lost connection's ops
-//    do, and so do ops that fail (EFAULT: the lease was revoked, the view
-//    is gone; ESRCH: the donor is gone).
+//    every op, and before every WRITE. An op that ran after the donor
+//    exited (a reused pid could have answered it) completes kUnavailable,
+//    as a lost connection's ops do, and so do ops that fail (EFAULT: the
+//    lease was revoked, the view is gone; ESRCH: the donor is gone).
 Status TcpTransport::adopt_local(const Server& server, const SlabDesc& slab,
                                  std::shared_ptr<const LocalDonor>* local) {
   const auto& secret = server.session->welcome().secret;
@@ -329,17 +333,28 @@ TcpTransport::Queue::Conn* TcpTransport::Queue::conn_for(const Server& server) {
 Errc TcpTransport::Queue::post(std::span<const IoOp> ops) {
   if (ops.size() > depth_ - outstanding_) return Errc::kResourceExhausted;
   const Tables* tables = t_->tables();
+  // Runs of one-sided ops of one kind on one local donor go out as one
+  // system call ("Local donors"); anything else ends the run first, so
+  // ops complete in the order posted.
+  LocalBatch lb;
   for (const IoOp& op : ops) {
     ++outstanding_;
     const Server* server = nullptr;
     const Slab* slab = nullptr;
     Errc e = check_op(*tables, op, &server, &slab);
-    if (e != Errc::kOk) {
-      complete(op.cookie, e);
+    if (e == Errc::kOk && slab->local_addr != 0) {
+      if (lb.n == kMaxIov || (lb.n > 0 && (lb.server != server || lb.kind != op.kind)))
+        local_batch(lb);
+      lb.server = server;
+      lb.kind = op.kind;
+      lb.ops[lb.n] = &op;
+      lb.remote[lb.n] = slab->local_addr + op.remote.offset;
+      ++lb.n;
       continue;
     }
-    if (slab->local_addr != 0) {
-      complete(op.cookie, local_io(*server, op, slab->local_addr + op.remote.offset));
+    local_batch(lb);
+    if (e != Errc::kOk) {
+      complete(op.cookie, e);
       continue;
     }
     Conn* c = conn_for(*server);
@@ -363,19 +378,57 @@ Errc TcpTransport::Queue::post(std::span<const IoOp> ops) {
     ++c->tail;
     ++in_flight_;
   }
+  local_batch(lb);
   for (auto& c : conns_)
     if (!c->dead && c->sent < c->tail) flush(*c);
   return Errc::kOk;
+}
+
+void TcpTransport::Queue::local_batch(LocalBatch& b) {
+  const size_t n = b.n;
+  b.n = 0;
+  if (n == 0) return;
+  const Server& server = *b.server;
+  if (n == 1 || std::find(local_dead_.begin(), local_dead_.end(), server.id) != local_dead_.end()) {
+    for (size_t i = 0; i < n; ++i)
+      complete(b.ops[i]->cookie, local_io(server, *b.ops[i], b.remote[i]));
+    return;
+  }
+  const LocalDonor& d = *server.local;
+  // The donor alive before a WRITE (it must never reach a reused pid) and
+  // after any op (a READ's bytes came from it), as in local_io().
+  pollfd pf{d.pidfd.get(), POLLIN, 0};
+  ssize_t got = -1;
+  size_t want = 0;
+  if (b.kind == IoKind::kRead || ::poll(&pf, 1, 0) == 0) {
+    iovec l[kMaxIov], r[kMaxIov];
+    for (size_t i = 0; i < n; ++i) {
+      l[i] = {b.ops[i]->local, b.ops[i]->length};
+      r[i] = {reinterpret_cast<void*>(b.remote[i]), b.ops[i]->length};
+      want += b.ops[i]->length;
+    }
+    got = b.kind == IoKind::kRead ? process_vm_readv(d.pid, l, n, r, n, 0)
+                                  : process_vm_writev(d.pid, l, n, r, n, 0);
+    if (got == static_cast<ssize_t>(want) && ::poll(&pf, 1, 0) == 0) {
+      for (size_t i = 0; i < n; ++i) complete(b.ops[i]->cookie, Errc::kOk);
+      return;
+    }
+  }
+  // Something failed: each op again on its own, which says which and
+  // fails the donor as local_io() does (ops are idempotent).
+  for (size_t i = 0; i < n; ++i)
+    complete(b.ops[i]->cookie, local_io(server, *b.ops[i], b.remote[i]));
 }
 
 Errc TcpTransport::Queue::local_io(const Server& server, const IoOp& op, uint64_t remote) {
   if (std::find(local_dead_.begin(), local_dead_.end(), server.id) != local_dead_.end())
     return Errc::kUnavailable;
   const LocalDonor& d = *server.local;
-  // Before the op too: once the donor is gone its pid may name another
-  // process, which a WRITE must never reach.
+  // Before a WRITE too: once the donor is gone its pid may name another
+  // process, which a WRITE must never reach. A READ from such a process
+  // is caught by the look after it, and its bytes are not used.
   pollfd pf{d.pidfd.get(), POLLIN, 0};
-  bool gone = ::poll(&pf, 1, 0) != 0;
+  bool gone = op.kind == IoKind::kWrite && ::poll(&pf, 1, 0) != 0;
   ssize_t n = -1;
   if (!gone) {
     iovec l{op.local, op.length};

@@ -181,6 +181,16 @@ class TcpTransport::Queue {
   void complete(uint64_t cookie, Errc status);
   // An op on a local donor's slab ("Local donors"), done now.
   Errc local_io(const Server& server, const IoOp& op, uint64_t remote);
+  // Consecutive ops of one kind on one local donor's slabs, done with one
+  // process_vm_readv / writev and completed in order (post() gathers them).
+  struct LocalBatch {
+    const Server* server = nullptr;
+    IoKind kind = IoKind::kRead;
+    size_t n = 0;
+    const IoOp* ops[kMaxIov];
+    uint64_t remote[kMaxIov];
+  };
+  void local_batch(LocalBatch& b);
   void finish_head(Conn& c, Errc status);
   // Closes the connection and fails every op on it with kUnavailable.
   void kill(Conn& c, const char* why, int err);

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -689,6 +690,85 @@ TEST(TcpLocalDonor, UnprovenSlabsStayOnTheWire) {
   wire_q->reset();
   local_q->reset();
   tp.reset();
+  h.TearDown();
+}
+
+// One post's run of one-sided ops of one kind is one system call
+// ("Local donors", Batches). A full queue of WRITEs then of READs reads
+// back byte-exact, off the wire. When the call fails (here: one op's own
+// buffer faults), each op is done again on its own: the ops before it
+// complete kOk, it fails, and so does the rest (the donor is failed for
+// the queue, as with a single op).
+TEST(TcpLocalDonor, BatchesAreByteExactAndAFailureIsTheFailingOps) {
+  TcpLocalHarness h;
+  ASSERT_NO_FATAL_FAILURE(h.SetUp());
+  if (IsSkipped()) return;
+  ASSERT_EQ(h.transport().local_slabs(), 2u);
+  const long page = sysconf(_SC_PAGESIZE);
+  constexpr size_t kLen = 1024;
+  auto q = h.transport().open_queue();
+  ASSERT_TRUE(q.ok());
+  const size_t n = (*q)->depth();
+  ASSERT_GE(n, 8u);
+  const size_t bytes = (2 * n * kLen + page - 1) / page * page + page;
+  auto* buf = static_cast<uint8_t*>(
+      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(buf, MAP_FAILED);
+  ASSERT_TRUE(h.transport().register_buffer(buf, bytes).ok());
+  uint8_t* src = buf;
+  uint8_t* dst = buf + n * kLen;
+  fill_pattern(src, n * kLen, 91);
+  memset(dst, 0, n * kLen);
+  const auto st0 = h.session().stats();
+  ASSERT_TRUE(st0.ok());
+  auto post_all = [&](IoKind kind, uint8_t* local, uint64_t cookie0) {
+    std::vector<IoOp> ops;
+    for (size_t i = 0; i < n; ++i)
+      ops.push_back(IoOp{kind,
+                         static_cast<uint32_t>(kLen),
+                         {h.server(), h.slabs()[i % 2].slab, 4096 + (i / 2) * kLen},
+                         local + i * kLen,
+                         cookie0 + i});
+    EXPECT_EQ((*q)->post(ops), Errc::kOk);
+    std::vector<IoCompletion> c(n);
+    size_t got = 0;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (got < n && std::chrono::steady_clock::now() < end)
+      got += (*q)->wait(std::span(c).subspan(got), 1000);
+    EXPECT_EQ(got, n);
+    std::map<uint64_t, Errc> out;
+    for (size_t i = 0; i < got; ++i) EXPECT_TRUE(out.emplace(c[i].cookie, c[i].status).second);
+    return out;
+  };
+  // Both slabs, one donor, one kind: one run (one call) per post.
+  for (const auto& [cookie, st] : post_all(IoKind::kWrite, src, 1000))
+    EXPECT_EQ(st, Errc::kOk) << cookie;
+  for (const auto& [cookie, st] : post_all(IoKind::kRead, dst, 2000))
+    EXPECT_EQ(st, Errc::kOk) << cookie;
+  EXPECT_EQ(memcmp(src, dst, n * kLen), 0);
+  const auto st1 = h.session().stats();
+  ASSERT_TRUE(st1.ok());
+  EXPECT_EQ(st1->reads - st0->reads, 0u);
+  EXPECT_EQ(st1->writes - st0->writes, 0u);
+
+  // Op `bad`'s buffer faults: the batch's call fails part way.
+  const size_t bad = n / 2;
+  uint8_t* hole = src + bad * kLen;
+  uint8_t* hole_page = buf + ((hole - buf) / page) * page;
+  ASSERT_EQ(mprotect(hole_page, page, PROT_NONE), 0);
+  const size_t first_bad = static_cast<size_t>(hole_page - src) / kLen;  // the page holds more
+  const auto out = post_all(IoKind::kWrite, src, 3000);
+  ASSERT_EQ(out.size(), n);
+  for (const auto& [cookie, st] : out) {
+    const size_t i = cookie - 3000;
+    if (i < first_bad)
+      EXPECT_EQ(st, Errc::kOk) << "op " << i << ", before the faulting buffer";
+    else
+      EXPECT_EQ(st, Errc::kUnavailable) << "op " << i << ", at or after it";
+  }
+  ASSERT_EQ(mprotect(hole_page, page, PROT_READ | PROT_WRITE), 0);
+  q->reset();
+  munmap(buf, bytes);
   h.TearDown();
 }
 #endif  // FARMEM_TCP_CONFORMANCE
