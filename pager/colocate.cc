@@ -1,10 +1,12 @@
 #include "pager/colocate.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <mutex>
 #include <new>
 
@@ -137,6 +139,23 @@ void colocate_restore_self(bool from_pinned) {
 bool colocate_is_pinned_self() {
   const int tid = g_pin.tid.load(std::memory_order_acquire);
   return tid != 0 && tid == own_tid();
+}
+
+bool thread_sched_ns(int tid, uint64_t* run_ns, uint64_t* wait_ns) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/task/%d/schedstat", tid);
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[128];
+  const ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  unsigned long long run = 0, wait = 0;
+  if (sscanf(buf, "%llu %llu", &run, &wait) != 2) return false;
+  *run_ns = run;
+  *wait_ns = wait;
+  return true;
 }
 
 void colocate_fork_prepare() {

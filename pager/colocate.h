@@ -23,6 +23,8 @@
 // without going through any wrapper).
 #pragma once
 
+#include <cstdint>
+
 namespace farmem {
 
 // Pins thread `tid` of this process to `cpu` after saving its mask. False
@@ -55,6 +57,10 @@ bool colocate_suspended();
 void colocate_restore_self(bool from_pinned = false);
 // True on the pinned thread.
 bool colocate_is_pinned_self();
+// The time thread `tid` of this process has spent on a CPU and waiting
+// for one, in ns (/proc/self/task/<tid>/schedstat); false when it cannot
+// be read.
+bool thread_sched_ns(int tid, uint64_t* run, uint64_t* wait);
 // pthread_atfork: prepare notes whether the forking thread is the pinned
 // one; child gives that thread's copy its saved mask back and forgets the
 // pin (the child has no evictor to hold one for).

@@ -142,18 +142,27 @@
 //     last kColocateWindowNs (the program pages hard), and
 //   - FARMEM_COLOCATE=on, or auto and the evictor's write-protect calls
 //     measured a mean over kSlowFlushNs while apart (the last
-//     kFlushSamples calls; bare metal pays 1-3 us),
+//     kFlushSamples calls; 5.2-10.1 us here, against ~1 us on one CPU; a
+//     heuristic: a shoot-down on bare metal is a few microseconds too,
+//     and FARMEM_COLOCATE=on / off overrides it),
 // that thread is pinned to the CPU it runs on and the evictor moves there
 // (the handler on that CPU serves its faults, the others park). When one
 // of these stops holding, the thread gets its mask back: at once for a
 // second faulting thread or a suspend (a posix_spawn of the preload
 // library), after three quiet windows otherwise. A mask the program set
 // itself meanwhile wins: the pin is dropped unrestored and none is taken
-// for kColocateBackoffNs. What the pinned thread starts does not inherit
-// the pin (pager/colocate.h). Measured: xz -7 -T1 of 10 MiB of text at
-// FARMEM_LOCAL_MEM=75M, one-sided to farmemd on 127.0.0.1, interleaved,
-// a throwaway version of this: 41.2, 42.9, 44.5, 45.1 s against 46.0,
-// 48.0, 50.9, 51.1 s apart; system time 27-29 s against 51-56 s.
+// for kColocateBackoffNs. A thread that in a window waited for its CPU
+// more than 3/4 of the time it ran there (another program wants that CPU;
+// our own threads cost it about 0.4) gets its mask back, and none is
+// taken for kColocateBusyBackoffNs. What the pinned thread starts does not inherit
+// the pin (pager/colocate.h). Measured (docs/eval/l-s24; one-sided to
+// farmemd on 127.0.0.1, auto against off, interleaved): xz -7 -T1 of 10
+// MiB of text at FARMEM_LOCAL_MEM=75M 41.8, 41.7, 41.7 s against 47.7,
+// 48.4, 46.9 s, system time 27-28 s against 52-53 s; zstd -19 --long=27
+// -T1 at 72M 52.7, 53.6 s against 57.1, 63.0 s. GNU sort (two faulting
+// threads) is not co-located. Over tcp to a farmemd on the same host it
+// gains nothing (xz 64.2 s against 62.3): farmemd's thread then follows
+// onto the one CPU too.
 #pragma once
 
 #include "pager/colocate.h"
@@ -409,7 +418,8 @@ void Pager<B>::colocate_tick() {
   const bool alone = cpu >= 0 && cpu < 64 && ((handler_cpus_ >> cpu) & 1) != 0 &&
                      now - other_fault_ns_.load(std::memory_order_relaxed) > kParkAfterOtherNs;
   if (c.pinned) {
-    counters_.bump(counters_.colocated_ns, now - c.last_ns);
+    const uint64_t elapsed = now - c.last_ns;
+    counters_.bump(counters_.colocated_ns, elapsed);
     c.last_ns = now;
     if (!colocate_still_pinned()) {
       // The program set the thread's mask itself, the thread ended, or a
@@ -422,6 +432,22 @@ void Pager<B>::colocate_tick() {
       colocate_unpin();
       colocate_apart();
       return;
+    }
+    // Its CPU is wanted elsewhere: in the window the thread waited for it
+    // more than 3/4 of the time it ran, and over a tenth of the window.
+    // Our own threads cost it about 0.4 (xz at 70%: 6.3 s waiting, 16.4
+    // s running); one program spinning on that CPU, about 1.
+    uint64_t run = 0, wait = 0;
+    if (thread_sched_ns(c.tid, &run, &wait)) {
+      const uint64_t dr = run - c.run0, dw = wait - c.wait0;
+      c.run0 = run;
+      c.wait0 = wait;
+      if (dw > elapsed / 10 && 4 * dw > 3 * dr) {
+        c.backoff_until = now + kColocateBusyBackoffNs;
+        colocate_unpin();
+        colocate_apart();
+        return;
+      }
     }
     c.quiet = paging ? 0 : c.quiet + 1;
     if (c.quiet >= 3) {
@@ -452,6 +478,7 @@ void Pager<B>::colocate_tick() {
   c.tid = tid;
   c.cpu = cpu;
   c.quiet = 0;
+  if (!thread_sched_ns(tid, &c.run0, &c.wait0)) c.run0 = c.wait0 = 0;
   counters_.bump(counters_.colocations);
 }
 

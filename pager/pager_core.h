@@ -694,13 +694,14 @@ class Pager {
   // but wp_ns_ / wp_calls_, which any demote_batch() caller adds to.
   static constexpr uint64_t kColocateWindowNs = 100'000'000;
   static constexpr uint64_t kColocateMinDemotions = 200;  // a window's, to count as paging
-  static constexpr uint64_t kFlushSamples = 128;          // write-protect calls per verdict
-  static constexpr uint64_t kSlowFlushNs = 5'000;         // a mean above: flushes are expensive
+  static constexpr uint64_t kFlushSamples = 512;          // write-protect calls per verdict
+  static constexpr uint64_t kSlowFlushNs = 4'000;         // a mean above: flushes are expensive
   static constexpr uint64_t kColocateBackoffNs = 1'000'000'000;
+  static constexpr uint64_t kColocateBusyBackoffNs = 10'000'000'000;
   std::atomic<uint64_t> wp_ns_{0}, wp_calls_{0};
   struct Colocation {
     uint64_t next_ns = 0, last_ns = 0, backoff_until = 0;
-    uint64_t demotions0 = 0, wp_ns0 = 0, wp_calls0 = 0;
+    uint64_t demotions0 = 0, wp_ns0 = 0, wp_calls0 = 0, run0 = 0, wait0 = 0;
     int slow = -1;  // remote flushes: -1 not measured yet, 0 cheap, 1 expensive
     int tid = 0, cpu = -1, quiet = 0;
     bool pinned = false, have_mask = false;

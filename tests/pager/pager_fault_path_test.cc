@@ -755,6 +755,49 @@ TEST(PagerFaultPath, ALoneFaultingThreadSharesItsCpuWithTheEvictor) {
   write_and_check(mem, 1024, 200);
 }
 
+// Another program wants the pinned CPU (here: two threads spinning on
+// it): the thread waits for its CPU most of a window, so it gets its mask
+// back while it still pages.
+TEST(PagerFaultPath, ABusyCpuEndsTheColocation) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  const std::vector<int> cpus = allowed_cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "needs two CPUs";
+  const cpu_set_t before = own_mask();
+  LoopbackRig rig;
+  PagerConfig c = fault_path_config(64, 4096);
+  c.colocate = ColocateMode::kOn;
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  uint64_t round = 1;
+  ASSERT_TRUE(page_until_colocated(p, mem, &round, 1)) << p.stats().to_string();
+  const cpu_set_t pinned = own_mask();
+  ASSERT_EQ(CPU_COUNT(&pinned), 1);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> hogs;
+  for (int i = 0; i < 2; ++i) {
+    hogs.emplace_back([&] {
+      ASSERT_EQ(sched_setaffinity(0, sizeof pinned, &pinned), 0);
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+  }
+  bool apart = false;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!apart && std::chrono::steady_clock::now() < end) {
+    write_and_check(mem, 256, round++);
+    cpu_set_t now = own_mask();
+    apart = CPU_EQUAL(&now, &before);
+  }
+  stop = true;
+  for (auto& t : hogs) t.join();
+  EXPECT_TRUE(apart) << "still pinned next to two spinning threads";
+  // And not pinned again at once (a backoff).
+  for (int i = 0; i < 3; ++i) write_and_check(mem, 1024, round++);
+  cpu_set_t now = own_mask();
+  EXPECT_TRUE(CPU_EQUAL(&now, &before));
+  EXPECT_EQ(p.stats().colocations, 1u);
+}
+
 TEST(PagerFaultPath, ColocateOffNeverPins) {
   FARMEM_SKIP_WITHOUT_UFFD();
   if (allowed_cpus().size() < 2) GTEST_SKIP() << "needs two CPUs";
