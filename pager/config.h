@@ -51,8 +51,9 @@ enum class WpAsyncMode : uint8_t { kAuto, kOn, kOff };
 // program makes every fault and pages hard, it is confined to the CPU it
 // runs on and the evictor moves there, so that the evictor's TLB flushes
 // stay on one CPU. kAuto does it where the evictor measured a flush that
-// must reach another CPU as expensive (a virtual machine's interrupts);
-// kOn whenever one thread pages hard; kOff never.
+// must reach another CPU as expensive (a virtual machine's interrupts),
+// and gives the CPU back when another program wants it; kOn whenever one
+// thread pages hard; kOff never.
 enum class ColocateMode : uint8_t { kAuto, kOn, kOff };
 
 struct PagerConfig {

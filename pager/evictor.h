@@ -151,10 +151,11 @@
 // second faulting thread or a suspend (a posix_spawn of the preload
 // library), after three quiet windows otherwise. A mask the program set
 // itself meanwhile wins: the pin is dropped unrestored and none is taken
-// for kColocateBackoffNs. A thread that in a window waited for its CPU
-// more than 3/4 of the time it ran there (another program wants that CPU;
-// our own threads cost it about 0.4) gets its mask back, and none is
-// taken for kColocateBusyBackoffNs. What the pinned thread starts does not inherit
+// for kColocateBackoffNs. Under auto, a thread that in a window waited
+// for its CPU more than 3/4 of the time it ran there (another program
+// wants that CPU; our own threads cost it about 0.4) gets its mask back,
+// and none is taken for kColocateBusyBackoffNs; on forces co-location
+// whenever one thread pages hard. What the pinned thread starts does not inherit
 // the pin (pager/colocate.h). Measured (docs/eval/l-s24; one-sided to
 // farmemd on 127.0.0.1, auto against off, interleaved): xz -7 -T1 of 10
 // MiB of text at FARMEM_LOCAL_MEM=75M 41.8, 41.7, 41.7 s against 47.7,
@@ -415,21 +416,26 @@ void Pager<B>::colocate_tick() {
   // One thread makes every fault, and where it runs is known.
   const int tid = faulter_tid_.load(std::memory_order_relaxed);
   const int cpu = fault_cpu_.load(std::memory_order_seq_cst);
+  // (Signed: a handler may have stored a time later than `now`.)
+  const int64_t since_other =
+      static_cast<int64_t>(now - other_fault_ns_.load(std::memory_order_relaxed));
   const bool alone = cpu >= 0 && cpu < 64 && ((handler_cpus_ >> cpu) & 1) != 0 &&
-                     now - other_fault_ns_.load(std::memory_order_relaxed) > kParkAfterOtherNs;
+                     since_other > static_cast<int64_t>(kParkAfterOtherNs);
   if (c.pinned) {
     const uint64_t elapsed = now - c.last_ns;
     counters_.bump(counters_.colocated_ns, elapsed);
     c.last_ns = now;
-    if (!colocate_still_pinned()) {
-      // The program set the thread's mask itself, the thread ended, or a
-      // suspend lifted the pin.
-      if (!colocate_suspended()) c.backoff_until = now + kColocateBackoffNs;
+    if (colocate_pinned_tid() != c.tid) {  // a suspend or the thread's end lifted it
+      colocate_apart();
+      return;
+    }
+    if (!colocate_still_pinned(this)) {  // the program set the thread's mask itself
+      c.backoff_until = now + kColocateBackoffNs;
       colocate_apart();
       return;
     }
     if (!alone || tid != c.tid) {
-      colocate_unpin();
+      colocate_unpin(this);
       colocate_apart();
       return;
     }
@@ -438,20 +444,22 @@ void Pager<B>::colocate_tick() {
     // Our own threads cost it about 0.4 (xz at 70%: 6.3 s waiting, 16.4
     // s running); one program spinning on that CPU, about 1.
     uint64_t run = 0, wait = 0;
-    if (thread_sched_ns(c.tid, &run, &wait)) {
+    if (cfg_.colocate == ColocateMode::kAuto && thread_sched_ns(c.tid, &run, &wait)) {
       const uint64_t dr = run - c.run0, dw = wait - c.wait0;
+      const bool had = c.have_sched;
       c.run0 = run;
       c.wait0 = wait;
-      if (dw > elapsed / 10 && 4 * dw > 3 * dr) {
+      c.have_sched = true;
+      if (had && dw > elapsed / 10 && 4 * dw > 3 * dr) {
         c.backoff_until = now + kColocateBusyBackoffNs;
-        colocate_unpin();
+        colocate_unpin(this);
         colocate_apart();
         return;
       }
     }
     c.quiet = paging ? 0 : c.quiet + 1;
     if (c.quiet >= 3) {
-      colocate_unpin();
+      colocate_unpin(this);
       colocate_apart();
     }
     return;
@@ -459,26 +467,27 @@ void Pager<B>::colocate_tick() {
   c.last_ns = now;
   const bool slow = cfg_.colocate == ColocateMode::kOn || c.slow == 1;
   if (!alone || !paging || !slow || now < c.backoff_until || colocate_suspended()) return;
-  // Alive (the main thread, or registered: it takes itself out, and any
-  // pin with it, before it ends), and still where it last faulted.
-  const int at = tid == main_tid_ ? read_cpu(main_cpu_) : registered_thread_cpu(tid);
-  if (at != cpu || !colocate_pin(tid, cpu)) return;
-  if (tid != main_tid_ && registered_thread_cpu(tid) < 0) {
-    colocate_unpin();  // it may have left between the two looks
-    return;
-  }
+  // Still where it last faulted, and alive: the main thread, or one in
+  // the registry, asked again under the pin's lock (pager/colocate.h).
+  const bool main = tid == main_tid_;
+  uintptr_t tp = main_tp_;
+  if (!main && !thread_registered(tid, &tp)) return;
+  const int at = main ? read_cpu(main_cpu_) : registered_thread_cpu(tid);
+  if (at != cpu) return;
+  auto registered = [](int t) { return thread_registered(t, nullptr); };
+  if (!colocate_pin(this, tid, cpu, tp, main ? nullptr : +registered)) return;
   cpu_set_t one;
   CPU_ZERO(&one);
   CPU_SET(cpu, &one);
   if (sched_setaffinity(0, sizeof one, &one) != 0) {
-    colocate_unpin();
+    colocate_unpin(this);
     return;
   }
   c.pinned = true;
   c.tid = tid;
   c.cpu = cpu;
   c.quiet = 0;
-  if (!thread_sched_ns(tid, &c.run0, &c.wait0)) c.run0 = c.wait0 = 0;
+  c.have_sched = thread_sched_ns(tid, &c.run0, &c.wait0);
   counters_.bump(counters_.colocations);
 }
 
@@ -499,7 +508,7 @@ template <TransportBackend B>
 void Pager<B>::colocate_end() {
   if (!coloc_.pinned) return;
   counters_.bump(counters_.colocated_ns, pager_detail::now_ns() - coloc_.last_ns);
-  colocate_unpin();
+  colocate_unpin(this);
   colocate_apart();
 }
 

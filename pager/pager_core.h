@@ -684,6 +684,7 @@ class Pager {
   static constexpr uint64_t kParkAfterOtherNs = 100'000'000;  // no parking this soon after
   const volatile uint32_t* main_cpu_ = nullptr;
   int main_tid_ = 0;
+  uintptr_t main_tp_ = 0;  // the main thread's thread pointer (co-location)
   uint64_t handler_cpus_ = 0;
   std::atomic<int> fault_cpu_{-1};
   std::atomic<uint64_t> other_fault_ns_{0};
@@ -702,7 +703,8 @@ class Pager {
   struct Colocation {
     uint64_t next_ns = 0, last_ns = 0, backoff_until = 0;
     uint64_t demotions0 = 0, wp_ns0 = 0, wp_calls0 = 0, run0 = 0, wait0 = 0;
-    int slow = -1;  // remote flushes: -1 not measured yet, 0 cheap, 1 expensive
+    bool have_sched = false;  // run0 / wait0 hold a reading
+    int slow = -1;            // remote flushes: -1 not measured yet, 0 cheap, 1 expensive
     int tid = 0, cpu = -1, quiet = 0;
     bool pinned = false, have_mask = false;
     cpu_set_t evictor_mask;  // the evictor's own, restored when apart

@@ -209,6 +209,7 @@ Status Pager<B>::init() {
       if (c < 64) handler_cpus_ |= uint64_t{1} << c;
     main_cpu_ = main_thread_cpu();
     main_tid_ = static_cast<int>(getpid());
+    main_tp_ = reinterpret_cast<uintptr_t>(__builtin_thread_pointer());
   }
   for (size_t i = 0; i < handlers_.size(); ++i) {
     Handler* hp = handlers_[i].get();

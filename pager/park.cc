@@ -32,6 +32,7 @@ struct ThreadCpus {
   int n = 0;
   int tid[256];
   const volatile uint32_t* cpu[256];
+  uintptr_t tp[256];  // thread pointers (pager/colocate.h)
 };
 ThreadCpus g_thread_cpus;
 
@@ -53,20 +54,37 @@ void register_thread_cpu() {
   if (g_thread_cpus.n == 256) return;
   g_thread_cpus.tid[g_thread_cpus.n] = tid;
   g_thread_cpus.cpu[g_thread_cpus.n] = cpu;
+  g_thread_cpus.tp[g_thread_cpus.n] = reinterpret_cast<uintptr_t>(__builtin_thread_pointer());
   ++g_thread_cpus.n;
 }
 
 void unregister_thread_cpu() {
   const int tid = static_cast<int>(syscall(SYS_gettid));
-  colocate_forget(tid);  // a pin must not outlive its thread
+  {
+    RegistryLock lk;
+    for (int i = 0; i < g_thread_cpus.n; ++i) {
+      if (g_thread_cpus.tid[i] != tid) continue;
+      --g_thread_cpus.n;
+      g_thread_cpus.tid[i] = g_thread_cpus.tid[g_thread_cpus.n];
+      g_thread_cpus.cpu[i] = g_thread_cpus.cpu[g_thread_cpus.n];
+      g_thread_cpus.tp[i] = g_thread_cpus.tp[g_thread_cpus.n];
+      break;
+    }
+  }
+  // Out of the registry first: a pin taken from now on sees it leaving
+  // (thread_registered() under the pin's lock), one taken before is
+  // forgotten here (pager/colocate.h).
+  colocate_forget(tid);
+}
+
+bool thread_registered(int tid, uintptr_t* tp) {
   RegistryLock lk;
   for (int i = 0; i < g_thread_cpus.n; ++i) {
     if (g_thread_cpus.tid[i] != tid) continue;
-    --g_thread_cpus.n;
-    g_thread_cpus.tid[i] = g_thread_cpus.tid[g_thread_cpus.n];
-    g_thread_cpus.cpu[i] = g_thread_cpus.cpu[g_thread_cpus.n];
-    return;
+    if (tp != nullptr) *tp = g_thread_cpus.tp[i];
+    return true;
   }
+  return false;
 }
 
 void forget_thread_cpus() {

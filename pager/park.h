@@ -42,6 +42,10 @@ void unregister_thread_cpu();
 // its lock, which another thread of the parent may have held.
 void forget_thread_cpus();
 
+// Whether thread `tid` is in the registry (waits for the registry's lock;
+// not for a fault handler), and its thread pointer.
+bool thread_registered(int tid, uintptr_t* tp);
+
 // The CPU a registered thread `tid` runs on, or -1 (not registered, or
 // the registry is busy: this never waits).
 int registered_thread_cpu(int tid);

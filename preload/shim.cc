@@ -276,7 +276,7 @@ void far_free(void* p) {
 struct Trampoline {
   void* (*fn)(void*);
   void* arg;
-  bool from_pinned;  // started by the thread co-location pinned (pager/colocate.h)
+  farmem::ColocateHandback handback;  // started by the pinned thread (pager/colocate.h)
 };
 
 void* local_thread_main(void* raw) {
@@ -284,6 +284,7 @@ void* local_thread_main(void* raw) {
   farmem::t_local_depth = 1;
   Trampoline t = *static_cast<Trampoline*>(raw);
   __libc_free(raw);
+  farmem::colocate_apply_handback(t.handback);
   return t.fn(t.arg);
 }
 
@@ -307,7 +308,7 @@ void unregister_cpu(void*) {
 void* app_thread_main(void* raw) {
   Trampoline t = *static_cast<Trampoline*>(raw);
   __libc_free(raw);
-  if (t.from_pinned) farmem::colocate_restore_self(/*from_pinned=*/true);
+  farmem::colocate_apply_handback(t.handback);
   // The destructor first: a thread that ends before it registered only
   // takes out what is not there.
   if (g_cpu_key_ok && pthread_setspecific(g_cpu_key, reinterpret_cast<void*>(1)) == 0)
@@ -325,8 +326,7 @@ farmem::FarBacking* fork_backing() {
   return rt ? &rt->backing() : nullptr;
 }
 
-void on_fork_prepare() {
-  farmem::colocate_fork_prepare();
+void on_fork_prepare_far() {
   farmem::FarBacking* b = fork_backing();
   if (b == nullptr || g_fork_child) return;
   farmem::LocalScope local;
@@ -346,7 +346,14 @@ void on_fork_prepare() {
   errno = saved;
 }
 
+// Co-location's lock is taken last and let go first (pager/colocate.h).
+void on_fork_prepare() {
+  on_fork_prepare_far();
+  farmem::colocate_fork_prepare();
+}
+
 void on_fork_parent() {
+  farmem::colocate_fork_parent();
   if (!t_fork_prepared) return;
   t_fork_prepared = false;
   mm_fork_unlock();
@@ -706,7 +713,14 @@ FARMEM_EXPORT int pthread_create(pthread_t* t, const pthread_attr_t* attr, void*
   if (tr == nullptr) return EAGAIN;
   tr->fn = fn;
   tr->arg = arg;
-  tr->from_pinned = farmem::colocate_is_pinned_self();
+  // A thread the pinned thread starts gets the pinned thread's own mask
+  // back, unless the program asked for the pin's CPU in attr itself.
+  if (farmem::colocate_handback(&tr->handback) && attr != nullptr) {
+    cpu_set_t asked;
+    if (pthread_attr_getaffinity_np(attr, sizeof asked, &asked) == 0 && CPU_COUNT(&asked) == 1 &&
+        CPU_ISSET(tr->handback.cpu, &asked))
+      tr->handback.active = false;
+  }
   int rc = real(t, attr, farmem::in_local_scope() ? &local_thread_main : &app_thread_main, tr);
   if (rc != 0) __libc_free(tr);
   return rc;

@@ -407,6 +407,7 @@ void TcpTransport::Queue::local_batch(LocalBatch& b) {
       r[i] = {reinterpret_cast<void*>(b.remote[i]), b.ops[i]->length};
       want += b.ops[i]->length;
     }
+    ++local_calls_;
     got = b.kind == IoKind::kRead ? process_vm_readv(d.pid, l, n, r, n, 0)
                                   : process_vm_writev(d.pid, l, n, r, n, 0);
     if (got == static_cast<ssize_t>(want) && ::poll(&pf, 1, 0) == 0) {
@@ -433,6 +434,7 @@ Errc TcpTransport::Queue::local_io(const Server& server, const IoOp& op, uint64_
   if (!gone) {
     iovec l{op.local, op.length};
     iovec r{reinterpret_cast<void*>(remote), op.length};
+    ++local_calls_;
     n = op.kind == IoKind::kRead ? process_vm_readv(d.pid, &l, 1, &r, 1, 0)
                                  : process_vm_writev(d.pid, &l, 1, &r, 1, 0);
     gone = ::poll(&pf, 1, 0) != 0;

@@ -159,6 +159,9 @@ class TcpTransport::Queue {
   // Accepted and not yet reaped by poll()/wait().
   size_t outstanding() const { return outstanding_; }
   size_t depth() const { return depth_; }
+  // process_vm_readv / writev calls made for one-sided ops ("Local
+  // donors"; a run of them in one post() is one call). Tests.
+  uint64_t local_calls() const { return local_calls_; }
 
  private:
   friend class TcpTransport;
@@ -205,7 +208,8 @@ class TcpTransport::Queue {
   const size_t depth_;
   size_t outstanding_ = 0;            // accepted, not reaped
   std::vector<ServerId> local_dead_;  // local donors whose ops failed: all fail
-  size_t in_flight_ = 0;              // on some connection, no reply yet
+  uint64_t local_calls_ = 0;
+  size_t in_flight_ = 0;  // on some connection, no reply yet
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_slots_;  // a stack
   std::vector<IoCompletion> done_;    // ring of completed, unreaped ops

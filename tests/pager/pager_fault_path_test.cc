@@ -755,9 +755,10 @@ TEST(PagerFaultPath, ALoneFaultingThreadSharesItsCpuWithTheEvictor) {
   write_and_check(mem, 1024, 200);
 }
 
-// Another program wants the pinned CPU (here: two threads spinning on
-// it): the thread waits for its CPU most of a window, so it gets its mask
-// back while it still pages.
+// Under auto, another program wanting the pinned CPU (here: two threads
+// spinning on it) makes the thread wait for its CPU most of a window, so it
+// gets its mask back while it still pages, and no new pin follows soon.
+// Skipped where auto finds flushes cheap (it never co-locates there).
 TEST(PagerFaultPath, ABusyCpuEndsTheColocation) {
   FARMEM_SKIP_WITHOUT_UFFD();
   const std::vector<int> cpus = allowed_cpus();
@@ -765,13 +766,18 @@ TEST(PagerFaultPath, ABusyCpuEndsTheColocation) {
   const cpu_set_t before = own_mask();
   LoopbackRig rig;
   PagerConfig c = fault_path_config(64, 4096);
-  c.colocate = ColocateMode::kOn;
+  c.colocate = ColocateMode::kAuto;
   P& p = rig.start(c);
   auto* mem = static_cast<uint8_t*>(p.base());
   uint64_t round = 1;
-  ASSERT_TRUE(page_until_colocated(p, mem, &round, 1)) << p.stats().to_string();
+  if (!page_until_colocated(p, mem, &round, 1)) {
+    const uint64_t ns = p.stats().flush_apart_ns;
+    ASSERT_GT(ns, 0u) << "auto never measured the evictor's flushes";
+    ASSERT_LE(ns, 4000u) << "flushes measured slow, yet no co-location";
+    GTEST_SKIP() << "flushes are cheap here (" << ns << " ns): auto does not co-locate";
+  }
   const cpu_set_t pinned = own_mask();
-  ASSERT_EQ(CPU_COUNT(&pinned), 1);
+  if (CPU_COUNT(&pinned) != 1) GTEST_SKIP() << "the pin ended already (a loaded machine)";
   std::atomic<bool> stop{false};
   std::vector<std::thread> hogs;
   for (int i = 0; i < 2; ++i) {
@@ -791,10 +797,14 @@ TEST(PagerFaultPath, ABusyCpuEndsTheColocation) {
   stop = true;
   for (auto& t : hogs) t.join();
   EXPECT_TRUE(apart) << "still pinned next to two spinning threads";
-  // And not pinned again at once (a backoff).
-  for (int i = 0; i < 3; ++i) write_and_check(mem, 1024, round++);
-  cpu_set_t now = own_mask();
-  EXPECT_TRUE(CPU_EQUAL(&now, &before));
+  // And not pinned again soon (a backoff), though it pages on for longer
+  // than the windows a new pin takes (ALoneFaultingThread...: ~0.1-0.3 s).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(800);
+  while (std::chrono::steady_clock::now() < until) {
+    write_and_check(mem, 1024, round++);
+    cpu_set_t now = own_mask();
+    ASSERT_TRUE(CPU_EQUAL(&now, &before)) << "pinned again within the backoff";
+  }
   EXPECT_EQ(p.stats().colocations, 1u);
 }
 

@@ -736,15 +736,22 @@ TEST(TcpLocalDonor, BatchesAreByteExactAndAFailureIsTheFailingOps) {
     while (got < n && std::chrono::steady_clock::now() < end)
       got += (*q)->wait(std::span(c).subspan(got), 1000);
     EXPECT_EQ(got, n);
+    // Once each, in the order posted.
     std::map<uint64_t, Errc> out;
-    for (size_t i = 0; i < got; ++i) EXPECT_TRUE(out.emplace(c[i].cookie, c[i].status).second);
+    for (size_t i = 0; i < got; ++i) {
+      EXPECT_EQ(c[i].cookie, cookie0 + i);
+      EXPECT_TRUE(out.emplace(c[i].cookie, c[i].status).second);
+    }
     return out;
   };
-  // Both slabs, one donor, one kind: one run (one call) per post.
+  // Both slabs, one donor, one kind: one run, so one call, per post.
+  const uint64_t calls0 = (*q)->local_calls();
   for (const auto& [cookie, st] : post_all(IoKind::kWrite, src, 1000))
     EXPECT_EQ(st, Errc::kOk) << cookie;
+  EXPECT_EQ((*q)->local_calls() - calls0, 1u);
   for (const auto& [cookie, st] : post_all(IoKind::kRead, dst, 2000))
     EXPECT_EQ(st, Errc::kOk) << cookie;
+  EXPECT_EQ((*q)->local_calls() - calls0, 2u);
   EXPECT_EQ(memcmp(src, dst, n * kLen), 0);
   const auto st1 = h.session().stats();
   ASSERT_TRUE(st1.ok());
