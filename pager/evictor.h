@@ -408,8 +408,6 @@ void Pager<B>::colocate_tick() {
     const uint64_t mean = (wp_ns - c.wp_ns0) / (wp_n - c.wp_calls0);
     c.slow = mean > kSlowFlushNs ? 1 : 0;
     counters_.flush_apart_ns.store(mean, std::memory_order_relaxed);
-  }
-  if (!c.pinned && wp_n - c.wp_calls0 >= kFlushSamples) {
     c.wp_calls0 = wp_n;
     c.wp_ns0 = wp_ns;
   }
@@ -435,7 +433,6 @@ void Pager<B>::colocate_tick() {
       return;
     }
     if (!alone || tid != c.tid) {
-      colocate_unpin(this);
       colocate_apart();
       return;
     }
@@ -452,14 +449,12 @@ void Pager<B>::colocate_tick() {
       c.have_sched = true;
       if (had && dw > elapsed / 10 && 4 * dw > 3 * dr) {
         c.backoff_until = now + kColocateBusyBackoffNs;
-        colocate_unpin(this);
         colocate_apart();
         return;
       }
     }
     c.quiet = paging ? 0 : c.quiet + 1;
     if (c.quiet >= 3) {
-      colocate_unpin(this);
       colocate_apart();
     }
     return;
@@ -485,7 +480,6 @@ void Pager<B>::colocate_tick() {
   }
   c.pinned = true;
   c.tid = tid;
-  c.cpu = cpu;
   c.quiet = 0;
   c.have_sched = thread_sched_ns(tid, &c.run0, &c.wait0);
   counters_.bump(counters_.colocations);
@@ -495,9 +489,9 @@ template <TransportBackend B>
 void Pager<B>::colocate_apart() {
   Colocation& c = coloc_;
   if (!c.pinned) return;
+  colocate_unpin(this);  // nothing when the pin is gone already
   c.pinned = false;
   c.tid = 0;
-  c.cpu = -1;
   (void)sched_setaffinity(0, sizeof c.evictor_mask, &c.evictor_mask);
   // Flush timings from now on are the ones apart.
   c.wp_calls0 = wp_calls_.load(std::memory_order_relaxed);
@@ -508,7 +502,6 @@ template <TransportBackend B>
 void Pager<B>::colocate_end() {
   if (!coloc_.pinned) return;
   counters_.bump(counters_.colocated_ns, pager_detail::now_ns() - coloc_.last_ns);
-  colocate_unpin(this);
   colocate_apart();
 }
 

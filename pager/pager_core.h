@@ -705,7 +705,7 @@ class Pager {
     uint64_t demotions0 = 0, wp_ns0 = 0, wp_calls0 = 0, run0 = 0, wait0 = 0;
     bool have_sched = false;  // run0 / wait0 hold a reading
     int slow = -1;            // remote flushes: -1 not measured yet, 0 cheap, 1 expensive
-    int tid = 0, cpu = -1, quiet = 0;
+    int tid = 0, quiet = 0;
     bool pinned = false, have_mask = false;
     cpu_set_t evictor_mask;  // the evictor's own, restored when apart
   } coloc_;
@@ -736,9 +736,10 @@ class Pager {
   std::atomic<int> pollers_hint_{0};  // its last value, read unlocked
   void set_poller(Handler& h, bool on);
   // Co-location (evictor.h "Co-location"), run by the evictor thread:
-  // colocate_tick() decides every kColocateWindowNs, colocate_end()
-  // lifts the pin when the evictor stops. wp_ns_ / wp_calls_: the
-  // evictor's write-protect calls, timed (demote_batch()).
+  // colocate_tick() decides every kColocateWindowNs, colocate_apart()
+  // lifts the pin (if still ours) and gives the evictor its mask back,
+  // colocate_end() does that when the evictor stops. wp_ns_ / wp_calls_:
+  // the evictor's write-protect calls, timed (demote_batch()).
   void colocate_tick();
   void colocate_end();
   void colocate_apart();
