@@ -794,6 +794,7 @@ void Pager<B>::note_faulter(const uffd_msg& m) {
   const int last = faulter_tid_.exchange(tid, std::memory_order_relaxed);
   if (last == tid || last == 0)
     c = tid == main_tid_ ? read_cpu(main_cpu_) : registered_thread_cpu(tid);
+  if (c == kRegistryBusy) return;  // no news: the same thread, CPU unread
   if (c < 0) {
     // Faults from more than one thread, or from one whose CPU is unknown:
     // every handler stays up (a parked one comes back within kParkNs)

@@ -95,7 +95,7 @@ void forget_thread_cpus() {
 int registered_thread_cpu(int tid) {
   // Never waits: the caller is a fault handler, and the holder may be a
   // thread whose signal handler waits for that handler's fault.
-  if (g_thread_cpus.lock.exchange(1, std::memory_order_acquire) != 0) return -1;
+  if (g_thread_cpus.lock.exchange(1, std::memory_order_acquire) != 0) return kRegistryBusy;
   int cpu = -1;
   for (int i = 0; i < g_thread_cpus.n; ++i) {
     if (g_thread_cpus.tid[i] != tid) continue;

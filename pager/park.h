@@ -5,7 +5,7 @@
 //   const volatile uint32_t* cpu = main_thread_cpu();   // null: unknown
 //   int c = read_cpu(cpu);                              // -1: unknown
 //   register_thread_cpu(); ... unregister_thread_cpu(); // in a thread
-//   int d = registered_thread_cpu(tid);                 // -1: unknown
+//   int d = registered_thread_cpu(tid);                 // -1: unknown, kRegistryBusy
 //   ParkWord w;  w.wait(w.load(), 50'000'000);  w.bump();
 //
 // main_thread_cpu() is the main thread's rseq area's cpu_id (glibc
@@ -46,8 +46,13 @@ void forget_thread_cpus();
 // not for a fault handler), and its thread pointer.
 bool thread_registered(int tid, uintptr_t* tp);
 
-// The CPU a registered thread `tid` runs on, or -1 (not registered, or
-// the registry is busy: this never waits).
+// The CPU a registered thread `tid` runs on, -1 (not registered, or its
+// CPU is unknown), or kRegistryBusy: another thread holds the registry's
+// lock, and this never waits. Busy says nothing about `tid`: a caller
+// must not read it as "not registered" (a holder preempted for a few
+// milliseconds would otherwise make every fault meanwhile look like one
+// of an unknown thread, and keep every handler up for kParkAfterOtherNs).
+inline constexpr int kRegistryBusy = -2;
 int registered_thread_cpu(int tid);
 
 // The CPU `*cpu` names, or -1 (null, or rseq's "not registered" values).

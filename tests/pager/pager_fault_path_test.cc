@@ -675,6 +675,78 @@ TEST(PagerFaultPath, HandlersOffTheMainThreadsCpuPark) {
   ASSERT_EQ(sched_setaffinity(0, sizeof old_set, &old_set), 0);
 }
 
+// A busy registry is no news (pager/park.h kRegistryBusy): while another
+// thread keeps taking the registry's lock (here a thread asking for the
+// worker over and over, as the evictor's co-location does once a window,
+// and as a preempted holder does for milliseconds), the registered
+// worker's faults still park the handler that is not on its CPU. It
+// failed in CI before: a busy lookup read as "an unknown thread faulted"
+// kept both handlers up for kParkAfterOtherNs. Byte-exact always.
+TEST(PagerFaultPath, ABusyThreadRegistryKeepsTheOtherHandlerParked) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  const std::vector<int> cpus = allowed_cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "needs two CPUs";
+  LoopbackRig rig;
+  PagerConfig c = fault_path_config(64, 4096);
+  c.handler_threads = 2;  // pinned to cpus[0] and cpus[1]
+  c.colocate = ColocateMode::kOff;
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  std::atomic<int> worker_tid{0};
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> lookups{0}, busy{0}, unknown{0};
+  std::thread asker([&] {
+    cpu_set_t home;
+    CPU_ZERO(&home);
+    CPU_SET(cpus[0], &home);
+    ASSERT_EQ(sched_setaffinity(0, sizeof home, &home), 0);
+    while (!done.load()) {
+      const int tid = worker_tid.load();
+      if (tid == 0) {
+        std::this_thread::yield();
+        continue;
+      }
+      EXPECT_TRUE(thread_registered(tid, nullptr));
+      const int cpu = registered_thread_cpu(tid);
+      lookups.fetch_add(1);
+      if (cpu == kRegistryBusy) busy.fetch_add(1);
+      if (cpu == -1) unknown.fetch_add(1);
+    }
+  });
+  std::thread w([&] {
+    cpu_set_t other;
+    CPU_ZERO(&other);
+    CPU_SET(cpus[1], &other);
+    ASSERT_EQ(sched_setaffinity(0, sizeof other, &other), 0);
+    register_thread_cpu();
+    struct Out {
+      ~Out() { unregister_thread_cpu(); }
+    } out;
+    worker_tid.store(static_cast<int>(gettid()));
+    write_and_check(mem, 1024, 1);
+    // Past kParkAfterOtherNs since the first fault, the main thread's.
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    write_and_check(mem, 1024, 2);
+    const auto b = fault_threads();
+    const uint64_t f0 = p.stats().faults_remote;
+    for (uint64_t round = 3; round < 6; ++round) write_and_check(mem, 1024, round);
+    const auto a = fault_threads();
+    const uint64_t faults = p.stats().faults_remote - f0;
+    const long away = switches_of(a, cpus[0]) - switches_of(b, cpus[0]);
+    EXPECT_GE(faults, 2000u) << p.stats().to_string();
+    EXPECT_LT(away, static_cast<long>(faults) / 20)
+        << "the handler on the other CPU, over " << faults << " faults with " << busy.load()
+        << " of " << lookups.load() << " lookups busy";
+    done.store(true);
+    asker.join();  // before the worker leaves the registry
+  });
+  w.join();
+  done.store(true);
+  if (asker.joinable()) asker.join();  // the worker stopped early
+  EXPECT_GT(lookups.load(), 0u);
+  EXPECT_EQ(unknown.load(), 0u) << "a registered thread's CPU read as unknown";
+}
+
 // Co-location (evictor.h): with FARMEM_COLOCATE=on, the main thread
 // paging alone is confined to the CPU it runs on, and the evictor moves
 // there; once it stops paging (three quiet windows) it gets its own mask
