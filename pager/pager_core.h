@@ -273,6 +273,12 @@ class Pager {
   // blocks it adds (fill_gaps()); more than 64 only for a scan's blocks
   // dropped without the victim cache ("Scan resistance" in prefetch_path.h).
   static constexpr size_t kDemotePick = 256, kDemoteFill = 16;
+  // Free slots' pages evict_round() leaves for its demotions: at most
+  // kSpareSlotPages and a sixteenth of the budget.
+  static constexpr int64_t kSpareSlotPages = 96;
+  size_t spare_slots() const {
+    return static_cast<size_t>(std::clamp<int64_t>(budget_blocks_ / 16, 1, kSpareSlotPages));
+  }
   struct Inflight {
     uint32_t block = 0;
     uint32_t buf = 0;  // staging index (demand) or slot (prefetch)
@@ -376,6 +382,10 @@ class Pager {
   // move into a mapped slot would only fail with EEXIST.
   uint32_t alloc_slot(bool* empty = nullptr);
   void free_slot(uint32_t s, bool empty = false);
+  // The block in slot `s` was written back: its charge stays with the
+  // slot's page (kSlotCharged) for the next demotion, up to spare_slots();
+  // otherwise free_slot() and unreserve().
+  void free_left_slot(uint32_t s);
 
   // Fault path.
   void handler_main(Handler& h);
@@ -506,7 +516,7 @@ class Pager {
   size_t drop_victims(size_t max);
   // Drops the pages of up to max free slots (oldest frees first) and
   // returns the room that freed in resident_.
-  size_t release_slot_pages(size_t max);
+  size_t release_slot_pages(size_t max, size_t spare = 0);
   size_t writeback_done(const IoCompletion& c);
 
   PagerConfig cfg_;
