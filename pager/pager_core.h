@@ -500,6 +500,8 @@ class Pager {
   void evictor_main();
   size_t evict_round(int64_t floor);
   uint32_t written_flag(uint32_t b, uint32_t w, uint32_t slot);
+  bool guess_unwritten();
+  void note_write_protected();
   void adapt_victims();
   // Returns how many blocks left the active list; *dropped (when asked):
   // how many of them went straight back to Remote (mapped ahead, clean).
@@ -699,6 +701,11 @@ class Pager {
   std::atomic<int> fault_cpu_{-1};
   std::atomic<uint64_t> other_fault_ns_{0};
   std::atomic<int> faulter_tid_{0};
+  // Write-protected mappings and the WP faults that followed, sampled
+  // (guess_unwritten(), fault_path.h).
+  static constexpr uint32_t kGuessEpoch = 128, kGuessSample = 8;
+  std::atomic<uint32_t> ro_mapped_{0}, ro_written_{0}, guess_tick_{0};
+  std::atomic<bool> guess_unwritten_{false};
   ParkWord park_;
 
   // Co-location state (evictor.h "Co-location"); the evictor's alone,

@@ -134,5 +134,66 @@ TEST(PagerReplacement, CleanVictimReadThenWrittenIsTracked) {
   }
 }
 
+// guess_unwritten() (fault_path.h): a block whose last stay had no write
+// comes back write-protected while few such blocks are written, and
+// writable on a guess once most are. Read passes (clean stays) then
+// read-modify-write passes, alternating: before, every write of a
+// read-modify-write pass was a WP fault (its block's last stay was
+// clean); now, after the first epoch of a pass, one in kGuessSample. A
+// read-only phase keeps the rule off: no write-back, no WP fault.
+// Byte-exact throughout.
+TEST(PagerReplacement, BlocksMostlyWrittenAfterACleanStayComeBackWritable) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  constexpr size_t kPages = 1024;
+  LoopbackRig rig;
+  const PagerConfig c = replacement_config();
+  P& p = rig.start(c);
+  auto* mem = static_cast<uint8_t*>(p.base());
+  auto* v = static_cast<volatile uint8_t*>(p.base());
+  for (size_t pg = 0; pg < kPages; ++pg) fill_page(mem + pg * kPage, pg, 0);
+  uint8_t mask = 0;
+  auto read_pass = [&] {
+    uint8_t expect[kPage];
+    for (size_t pg = 0; pg < kPages; ++pg) {
+      fill_page(expect, pg, 0);
+      ASSERT_EQ(v[pg * kPage + 9], static_cast<uint8_t>(expect[9] ^ mask)) << "page " << pg;
+    }
+  };
+  auto rmw_pass = [&](uint8_t x) {
+    for (size_t pg = 0; pg < kPages; ++pg) {
+      const uint8_t old = v[pg * kPage + 9];
+      v[pg * kPage + 9] = static_cast<uint8_t>(old ^ x);
+    }
+    mask ^= x;
+  };
+  read_pass();  // written before: back writable (kWritten), left unchanged
+  read_pass();  // clean stays: back write-protected
+  const PagerStats s0 = p.stats();
+  const uint64_t w0 = rig.donor.writes();
+  read_pass();
+  const PagerStats s1 = p.stats();
+  EXPECT_GE(s1.faults_remote - s0.faults_remote, kPages / 2) << s1.to_string();
+  EXPECT_EQ(s1.faults_wp - s0.faults_wp, 0u) << s1.to_string();
+  EXPECT_EQ(rig.donor.writes() - w0, 0u) << "write-backs of blocks only read";
+  uint64_t last_wp = 0;
+  for (uint8_t x : {0x11, 0x22, 0x44}) {
+    read_pass();
+    const PagerStats a = p.stats();
+    rmw_pass(x);
+    const PagerStats b = p.stats();
+    EXPECT_GE(b.faults_remote - a.faults_remote, kPages / 2) << b.to_string();
+    last_wp = b.faults_wp - a.faults_wp;
+  }
+  EXPECT_LT(last_wp, kPages / 2) << "WP faults in a read-modify-write pass; "
+                                 << p.stats().to_string();
+  ASSERT_TRUE(p.evict(mem, kPages * kPage).ok());
+  uint8_t expect[kPage];
+  for (size_t pg = 0; pg < kPages; ++pg) {
+    fill_page(expect, pg, 0);
+    expect[9] ^= mask;
+    ASSERT_EQ(memcmp(mem + pg * kPage, expect, kPage), 0) << "page " << pg;
+  }
+}
+
 }  // namespace
 }  // namespace farmem::testing
