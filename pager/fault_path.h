@@ -697,8 +697,8 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
         // inserts read a slot before writing it: WP faults 139k -> 114k at
         // 75%, 255k -> 213k at 50%).
         // A write seen now ends a guess (kGuessed): the block was written.
-        if (!moved && !write && (w & PageTable::kDirty) == 0) note_write_protected();
         if (!moved) {
+          if (!write && (w & PageTable::kDirty) == 0) note_write_protected();
           install_mapped(b, slot_addr(slot), write || (w & PageTable::kDirty) != 0,
                          write ? w & ~PageTable::kGuessed : w, 1, false, laps);
         }

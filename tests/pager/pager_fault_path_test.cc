@@ -589,6 +589,21 @@ void write_and_check(uint8_t* mem, size_t pages, uint64_t version) {
   ASSERT_EQ(first_bad_page(mem, pages, version), pages);
 }
 
+// Confines the calling thread to `cpu`.
+void run_only_on(int cpu) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+}
+
+// The calling thread in the registry for its lifetime, as preload/shim.cc
+// puts every thread the program starts.
+struct InThreadRegistry {
+  InThreadRegistry() { register_thread_cpu(); }
+  ~InThreadRegistry() { unregister_thread_cpu(); }
+};
+
 // With faults from the main thread alone, the handler that is not on its
 // CPU parks: it is no longer woken by each fault (the old behaviour: every
 // handler blocked in read() was, and the one on the other CPU served most
@@ -600,9 +615,6 @@ TEST(PagerFaultPath, HandlersOffTheMainThreadsCpuPark) {
   if (cpus.size() < 2) GTEST_SKIP() << "needs two CPUs";
   cpu_set_t old_set;
   ASSERT_EQ(sched_getaffinity(0, sizeof old_set, &old_set), 0);
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(cpus[0], &one);
   {
     LoopbackRig rig;
     PagerConfig c = fault_path_config(64, 4096);
@@ -610,7 +622,7 @@ TEST(PagerFaultPath, HandlersOffTheMainThreadsCpuPark) {
     P& p = rig.start(c);
     ASSERT_EQ(p.handler_cpu(0), cpus[0]);
     ASSERT_EQ(p.handler_cpu(1), cpus[1]);
-    ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);  // the main thread stays on cpus[0]
+    run_only_on(cpus[0]);  // the main thread stays there
     auto* mem = static_cast<uint8_t*>(p.base());
     write_and_check(mem, 1024, 1);  // the first main-thread faults: the other handler parks
     const auto before = fault_threads();
@@ -632,10 +644,7 @@ TEST(PagerFaultPath, HandlersOffTheMainThreadsCpuPark) {
     // Another thread, on the other CPU, faults: the parked handler is up again.
     const auto b2 = fault_threads();
     std::thread t([&] {
-      cpu_set_t other;
-      CPU_ZERO(&other);
-      CPU_SET(cpus[1], &other);
-      ASSERT_EQ(sched_setaffinity(0, sizeof other, &other), 0);
+      run_only_on(cpus[1]);
       for (uint64_t round = 7; round < 10; ++round) write_and_check(mem, 1024, round);
     });
     t.join();
@@ -647,14 +656,8 @@ TEST(PagerFaultPath, HandlersOffTheMainThreadsCpuPark) {
     // worker does the work, registered as preload/shim.cc registers every
     // thread it starts): the handler on the main thread's CPU parks in turn.
     std::thread w([&] {
-      cpu_set_t other;
-      CPU_ZERO(&other);
-      CPU_SET(cpus[1], &other);
-      ASSERT_EQ(sched_setaffinity(0, sizeof other, &other), 0);
-      register_thread_cpu();
-      struct Out {
-        ~Out() { unregister_thread_cpu(); }
-      } out;
+      run_only_on(cpus[1]);
+      const InThreadRegistry in;
       EXPECT_EQ(registered_thread_cpu(static_cast<int>(gettid())), cpus[1]);
       write_and_check(mem, 1024, 12);
       // Past kParkAfterOtherNs since the main thread's last fault.
@@ -698,10 +701,7 @@ TEST(PagerFaultPath, ABusyThreadRegistryKeepsTheOtherHandlerParked) {
   std::atomic<bool> done{false};
   std::atomic<uint64_t> lookups{0}, busy{0}, unknown{0};
   std::thread asker([&] {
-    cpu_set_t home;
-    CPU_ZERO(&home);
-    CPU_SET(cpus[0], &home);
-    ASSERT_EQ(sched_setaffinity(0, sizeof home, &home), 0);
+    run_only_on(cpus[0]);
     while (!done.load()) {
       const int tid = worker_tid.load();
       if (tid == 0) {
@@ -716,14 +716,8 @@ TEST(PagerFaultPath, ABusyThreadRegistryKeepsTheOtherHandlerParked) {
     }
   });
   std::thread w([&] {
-    cpu_set_t other;
-    CPU_ZERO(&other);
-    CPU_SET(cpus[1], &other);
-    ASSERT_EQ(sched_setaffinity(0, sizeof other, &other), 0);
-    register_thread_cpu();
-    struct Out {
-      ~Out() { unregister_thread_cpu(); }
-    } out;
+    run_only_on(cpus[1]);
+    const InThreadRegistry in;
     worker_tid.store(static_cast<int>(gettid()));
     write_and_check(mem, 1024, 1);
     // Past kParkAfterOtherNs since the first fault, the main thread's.
