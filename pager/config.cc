@@ -122,8 +122,8 @@ Status PagerConfig::validate() const {
     return make_error(Errc::kInvalidArgument, "victim fraction %.3f: must be in [0, 0.75]",
                       victim_fraction);
   }
-  if (hot_laps > 3) {
-    return make_error(Errc::kInvalidArgument, "hot laps %u: at most 3 (0 turns tracking off)",
+  if (hot_laps > 15) {
+    return make_error(Errc::kInvalidArgument, "hot laps %u: at most 7 (0 turns tracking off)",
                       hot_laps);
   }
   if (handler_threads > 64) {
@@ -223,7 +223,7 @@ Result<PagerConfig> PagerConfig::from_env(PagerConfig c) {
     c.written_writable = *r == 1;
   }
   if (const char* v = getenv("FARMEM_HOT_LAPS")) {
-    auto r = parse_uint(v, "FARMEM_HOT_LAPS", 0, 3);
+    auto r = parse_uint(v, "FARMEM_HOT_LAPS", 0, 15);
     if (!r.ok()) return r.status();
     c.hot_laps = static_cast<uint32_t>(*r);
   }

@@ -22,7 +22,7 @@
 //   FARMEM_COLOCATE        auto / on / off: a lone faulting thread and the evictor share its CPU
 //   FARMEM_WRITTEN_WRITABLE  0 / 1: a block seen written in its last stay comes back writable
 //   FARMEM_ZERO_PAGE       0 / 1: a read of never-written memory maps the shared zero page
-//   FARMEM_HOT_LAPS        0..3: laps of the active list a block seen in use stays mapped unsampled
+//   FARMEM_HOT_LAPS        0..15: active-list laps a block seen in use stays mapped unsampled
 //   FARMEM_REFAULT_HOT     0 / 1: a block fetched back soon after it left counts as seen in use
 #pragma once
 
@@ -90,7 +90,7 @@ struct PagerConfig {
   // refault_hot) passes the active list's tail up to hot_laps times more
   // without being demoted, i.e. without the victim fault that would tell
   // again. 0: every block is demoted at every pass (FIFO + victim cache).
-  uint32_t hot_laps = 2;
+  uint32_t hot_laps = 15;
   bool refault_hot = true;
   // With prefetch: the evictor takes blocks a confirmed sequential stream
   // mapped ahead and has since passed (a window's length behind it and

@@ -59,6 +59,21 @@
 // sort -S 300M of 1.5M lines at 80M: 2.03 -> 1.77 s (victim faults 17.0k
 // -> 11.1k); tests/pager/pager_access_test.cc: a hot quarter of the
 // budget between cold bursts takes a third of the faults.
+// How many laps: every step up to 15 (the access word's four bits) took
+// faults off the compressors, toward exact LRU (bench/eval/lru_reference.py:
+// 1.18M page reads for xz at 74 MiB). xz -7 -T1 of 10 MiB of text at 75M,
+// one-sided to farmemd, laps 1 / 2 / 3 / 5 / 7 / 11 / 15: remote faults
+// 1.50 / 1.44 / 1.41 / 1.36 / 1.33 / 1.29 / 1.25M, victim faults 439 /
+// 411 / 396 / 380 / 368 / 352 / 346k (2 -> 15 in one pair: 53.5 -> 47.6
+// s); zstd -19 --long=27 at 72M, 2 -> 15: remote 1.84 -> 1.64M, victim
+// 515 -> 447k (two pairs: 61.7 -> 56.3 s, 56.0 -> 54.4 s); eval pagerank
+// at 50%: remote 529k -> 512-518k; GNU sort at 70% and eval kv, sort and
+// scan within their noise. A set that cooled costs the next one little:
+// the tail walk spends laps only up to 4 * pick + 64 passes a batch and
+// then demotes, and a pass in the grace period is free only in the first
+// half of those (PagerAccess.ACooledHotSetGivesWayToTheNextOne: faults
+// after a change of hot set 1.06-1.09x those before it, against
+// 0.99-1.10x with 2 laps, and fewer than with 2).
 // "resident" counts mapped blocks, occupied slots and fetches in flight;
 // it never exceeds the budget (slack 0 blocks). Fixed overheads outside the
 // budget: staging (handlers x staging_blocks x block) and the free slots.

@@ -173,28 +173,35 @@ class PageTable {
 
   // The access word of a block (pager/evictor.h "Access tracking"), a
   // hint read and written relaxed by whichever thread handles the block:
-  //   bits 0-1  hot laps: passes of the active list's tail the block may
+  //   bits 0-3  hot laps: passes of the active list's tail the block may
   //             still make without being sampled (demoted) again
-  //   bits 2-31 remote: when it last left local memory, on the pager's
-  //             leave clock (mod 2^30; 0: never); resident with laps: when
+  //   bits 4-31 remote: when it last left local memory, on the pager's
+  //             leave clock (mod 2^28; 0: never); resident with laps: when
   //             they were given (set_hot_laps_at())
-  static constexpr uint32_t kMaxHotLaps = 3;
-  static constexpr uint32_t kLeaveMask = (1u << 30) - 1;
-  uint32_t hot_laps(uint32_t b) const { return access_word(b).load(std::memory_order_relaxed) & 3; }
+  static constexpr uint32_t kLapBits = 4;
+  static constexpr uint32_t kMaxHotLaps = (1u << kLapBits) - 1;
+  static constexpr uint32_t kLeaveMask = (1u << (32 - kLapBits)) - 1;
+  uint32_t hot_laps(uint32_t b) const {
+    return access_word(b).load(std::memory_order_relaxed) & kMaxHotLaps;
+  }
   void set_hot_laps(uint32_t b, uint32_t laps) {
     auto a = access_word(b);
-    a.store((a.load(std::memory_order_relaxed) & ~3u) | (laps > kMaxHotLaps ? kMaxHotLaps : laps),
+    a.store((a.load(std::memory_order_relaxed) & ~kMaxHotLaps) |
+                (laps > kMaxHotLaps ? kMaxHotLaps : laps),
             std::memory_order_relaxed);
   }
-  uint32_t left_at(uint32_t b) const { return access_word(b).load(std::memory_order_relaxed) >> 2; }
-  // Gives b `laps` laps at `clock` (the leave clock, mod 2^30).
-  void set_hot_laps_at(uint32_t b, uint32_t laps, uint32_t clock) {
-    access_word(b).store(((clock & kLeaveMask) << 2) | (laps > kMaxHotLaps ? kMaxHotLaps : laps),
-                         std::memory_order_relaxed);
+  uint32_t left_at(uint32_t b) const {
+    return access_word(b).load(std::memory_order_relaxed) >> kLapBits;
   }
-  // Stamps the block as leaving at `clock` (mod 2^30) and clears its hot laps.
+  // Gives b `laps` laps at `clock` (the leave clock, mod 2^28).
+  void set_hot_laps_at(uint32_t b, uint32_t laps, uint32_t clock) {
+    access_word(b).store(
+        ((clock & kLeaveMask) << kLapBits) | (laps > kMaxHotLaps ? kMaxHotLaps : laps),
+        std::memory_order_relaxed);
+  }
+  // Stamps the block as leaving at `clock` (mod 2^28) and clears its hot laps.
   void set_left_at(uint32_t b, uint32_t clock) {
-    access_word(b).store((clock & kLeaveMask) << 2, std::memory_order_relaxed);
+    access_word(b).store((clock & kLeaveMask) << kLapBits, std::memory_order_relaxed);
   }
 
   static PageState state_of(uint32_t w) { return static_cast<PageState>(w & kStateMask); }
