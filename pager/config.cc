@@ -123,7 +123,7 @@ Status PagerConfig::validate() const {
                       victim_fraction);
   }
   if (hot_laps > 15) {
-    return make_error(Errc::kInvalidArgument, "hot laps %u: at most 7 (0 turns tracking off)",
+    return make_error(Errc::kInvalidArgument, "hot laps %u: at most 15 (0 turns tracking off)",
                       hot_laps);
   }
   if (handler_threads > 64) {
