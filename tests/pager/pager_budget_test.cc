@@ -325,7 +325,7 @@ TEST(PagerBudget, VictimSlotPagesCountAgainstTheBudget) {
 // Written-back slots' pages are reused (evictor.h evict_round()): a
 // steady dirty thrash hands each WRITE's slot page to a later demotion
 // instead of dropping it and faulting a new zeroed one into an empty
-// slot, so few slot pages are ever released; resident stays within the
+// slot, so few slot pages are released; resident stays within the
 // budget and every round reads back byte-exact. Before: 1.6M of 2.1M
 // demotions of xz at 75M took an empty slot.
 TEST(PagerBudget, WrittenBackSlotPagesAreReusedByDemotions) {
@@ -343,7 +343,10 @@ TEST(PagerBudget, WrittenBackSlotPagesAreReusedByDemotions) {
   const PagerStats s = p.stats();
   EXPECT_GT(s.demotions, 4 * kPages) << s.to_string();
   EXPECT_GT(s.evictions_dirty, 2 * kPages) << s.to_string();
-  EXPECT_LT(p.slot_pages_released(), s.demotions / 8)
+  // Released without the spare (every free slot's page dropped first):
+  // 15.9k of 16.0k. With it: 5-12% idle and 8-12% with both cores busy in
+  // 30 runs each, 12.8% once in CI, so the bound is a quarter.
+  EXPECT_LT(p.slot_pages_released(), s.demotions / 4)
       << "released " << p.slot_pages_released() << "; " << s.to_string();
   EXPECT_LE(s.resident_peak_bytes, p.budget_bytes() + P::kSlackBytes) << s.to_string();
 }
