@@ -45,7 +45,9 @@
 //                          CPU, each pinned to its CPU, for the pager AND the
 //                          bare rig; pinned:0: one unpinned handler each
 //                          (strategy for strategy; fault_path.h "Handlers
-//                          per CPU").
+//                          per CPU"). cross_cpu_faults: the pager's faults
+//                          served by a handler on another CPU than the
+//                          bench thread's (fault_path.h "Parked handlers").
 //   BM_FaultThroughput     random remote read faults/s with 1 and 2
 //                          application threads, working set 4x the budget
 //                          (eviction in the background), default handlers.
@@ -756,6 +758,8 @@ struct ColdFault {
     state.counters["added_iqm_us"] = iqm(p_us) - iqm(b_us);
     state.counters["pager_own_iqm_us"] = iqm(p_us) - iqm(b_us) - iqm(t_us);
     state.counters["remote_faults"] = static_cast<double>(s.faults_remote - s0.faults_remote);
+    state.counters["cross_cpu_faults"] =
+        static_cast<double>(s.faults_cross_cpu - s0.faults_cross_cpu);
     state.counters["faults"] = static_cast<double>(p_us.size());
     state.SetLabel(Env::kName);
   }

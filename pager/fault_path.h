@@ -255,6 +255,15 @@ bool Pager<B>::retry_read(Handler& h, const Inflight& f, Errc why) {
 // fork or ~Pager (park_.bump()). Off when the pager starts on another
 // thread than the main one (the main thread's rseq area could be freed),
 // without rseq or THREAD_ID, and with one handler.
+// The parked handlers are woken (park_.bump()) at the end of the turn in
+// which the fault from a new CPU was read, once it is answered: woken
+// before, the handler on the thread's new CPU ran there just as the thread
+// woke, so the kernel put the thread on the other CPU, where the handler
+// that served it was about to park; its next fault was served across CPUs
+// again, and so on. BM_ColdFault (pinned, loopback, a main thread free to
+// move): 28-36% of the faults served across CPUs, pager p50 28.6-29.5 us
+// against a bare round trip's 10.1-13.1; woken after, 5%, p50 10.5-10.7
+// against 9.6-9.8 (PagerStats::faults_cross_cpu counts them).
 // Measured, the worker thread (zstd -19 --long=27 -T1 of 10 MiB of text
 // at FARMEM_LOCAL_MEM=72M over tcp: every fault from its one worker):
 // before the registry every fault woke both handlers, 15k cross-CPU
@@ -353,7 +362,8 @@ void Pager<B>::handler_main(Handler& h) {
     // still read so that the kernel's UFFD_EVENT_FORK is. Odd inside; only
     // this thread writes fork_seq. It opens before the uffd is read, so that
     // an event read is handed to fork_ inside it.
-    ssize_t got = -1;  // bytes read from the uffd this turn
+    ssize_t got = -1;     // bytes read from the uffd this turn
+    bool unpark = false;  // note_faulter(): wake the parked handlers at the turn's end
     bool open = false;
     const bool quiet = !fork_frozen_.load(std::memory_order_relaxed) &&
                        !ring_active_.load(std::memory_order_relaxed);
@@ -415,7 +425,7 @@ void Pager<B>::handler_main(Handler& h) {
           (void)uffd_.wake(doorbell_.ptr, kDoorbellBytes);
           continue;
         }
-        note_faulter(msgs[i]);
+        unpark |= note_faulter(h, msgs[i]);
         const Outcome o = frozen ? Outcome::kDefer : handle_fault(h, addr, flags);
         if (o != Outcome::kDone) defer(h, addr, flags, o == Outcome::kWait);
       }
@@ -437,6 +447,10 @@ void Pager<B>::handler_main(Handler& h) {
     // The section ends: a plain store (no locked instruction) suffices, as
     // only this thread writes fork_seq.
     h.fork_seq.store(++seq, std::memory_order_release);
+    // Only now, with the faults of this turn answered (see "Parked
+    // handlers": a handler woken before keeps the faulting thread's CPU
+    // busy as the thread wakes, which sends it elsewhere).
+    if (unpark) park_.bump();
   }
 }
 
@@ -819,8 +833,8 @@ uint32_t Pager<B>::refault_laps(uint32_t b) {
 }
 
 template <TransportBackend B>
-void Pager<B>::note_faulter(const uffd_msg& m) {
-  if (main_cpu_ == nullptr) return;
+bool Pager<B>::note_faulter(const Handler& h, const uffd_msg& m) {
+  if (main_cpu_ == nullptr) return false;
   const int tid = static_cast<int>(m.arg.pagefault.feat.ptid);
   // The CPU of the thread that faulted, when that thread also made the
   // last fault, or this is the first (-1: another thread made it, or this
@@ -829,7 +843,7 @@ void Pager<B>::note_faulter(const uffd_msg& m) {
   const int last = faulter_tid_.exchange(tid, std::memory_order_relaxed);
   if (last == tid || last == 0)
     c = tid == main_tid_ ? read_cpu(main_cpu_) : registered_thread_cpu(tid);
-  if (c == kRegistryBusy) return;  // no news: the same thread, CPU unread
+  if (c == kRegistryBusy) return false;  // no news: the same thread, CPU unread
   if (c < 0) {
     // Faults from more than one thread, or from one whose CPU is unknown:
     // every handler stays up (a parked one comes back within kParkNs)
@@ -838,13 +852,14 @@ void Pager<B>::note_faulter(const uffd_msg& m) {
     const uint64_t was = other_fault_ns_.load(std::memory_order_relaxed);
     if (now - was > kParkAfterOtherNs / 8) {
       other_fault_ns_.store(now, std::memory_order_relaxed);
-      if (now - was > kParkAfterOtherNs) park_.bump();
+      return now - was > kParkAfterOtherNs;
     }
-    return;
+    return false;
   }
-  if (c == fault_cpu_.load(std::memory_order_relaxed)) return;
+  if (c != (h.cpu >= 0 ? h.cpu : sched_getcpu())) counters_.bump(counters_.faults_cross_cpu);
+  if (c == fault_cpu_.load(std::memory_order_relaxed)) return false;
   fault_cpu_.store(c, std::memory_order_seq_cst);
-  park_.bump();  // the handler there comes back, the others look again
+  return true;  // the parked handlers come back
 }
 
 template <TransportBackend B>

@@ -761,10 +761,11 @@ class Pager {
   void colocate_end();
   void colocate_apart();
   // Parked handlers: note_faulter() follows where the main thread faults
-  // (wakes the parked handlers when that changes); should_park() says
+  // and says when that changed (the caller then wakes the parked handlers,
+  // once the faults it read are answered); should_park() says
   // whether an idle `h` is not needed; park() sleeps (at most kParkNs)
   // when it holds and says whether it did.
-  void note_faulter(const uffd_msg& m);
+  bool note_faulter(const Handler& h, const uffd_msg& m);
   bool should_park(const Handler& h) const;
   bool park(const Handler& h);
   void doorbell_main();

@@ -45,6 +45,7 @@ void PagerCounters::snapshot(PagerStats* s) const {
   s->faults_victim = ld(faults_victim);
   s->faults_waited = ld(faults_waited);
   s->faults_stale = ld(faults_stale);
+  s->faults_cross_cpu = ld(faults_cross_cpu);
   s->zero_around = ld(zero_around);
   s->zero_cleaned = ld(zero_cleaned);
   s->zero_mapped = ld(zero_mapped);
@@ -82,7 +83,7 @@ std::string PagerStats::to_string() const {
   snprintf(
       buf, sizeof buf,
       "faults: zero %llu (+%llu around, %llu zero page, %llu of them written) remote %llu wp "
-      "%llu victim %llu waited %llu (stale %llu); fetch p50 %llu us p99 %llu us\n"
+      "%llu victim %llu waited %llu (stale %llu) cross-CPU %llu; fetch p50 %llu us p99 %llu us\n"
       "evict: demoted %llu clean %llu dirty %llu zero-cleaned %llu wb-errors %llu; moved out "
       "%llu in %llu fallbacks %llu\n"
       "io: reads %llu (%llu B) writes %llu (%llu B)\n"
@@ -95,6 +96,7 @@ std::string PagerStats::to_string() const {
       static_cast<unsigned long long>(faults_remote), static_cast<unsigned long long>(faults_wp),
       static_cast<unsigned long long>(faults_victim),
       static_cast<unsigned long long>(faults_waited), static_cast<unsigned long long>(faults_stale),
+      static_cast<unsigned long long>(faults_cross_cpu),
       static_cast<unsigned long long>(fetch_latency.percentile_us(0.5)),
       static_cast<unsigned long long>(fetch_latency.percentile_us(0.99)),
       static_cast<unsigned long long>(demotions), static_cast<unsigned long long>(evictions_clean),

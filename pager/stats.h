@@ -35,6 +35,11 @@ struct PagerStats {
   // blocked faults again and is counted anew (run_deferred(), "Stale
   // entries").
   uint64_t faults_stale = 0;
+  // Faults of a lone faulting thread served by a handler on another CPU
+  // than that thread's: a wake-up across CPUs each way (fault_path.h
+  // "Parked handlers"). Counted only where the thread's CPU is read, i.e.
+  // with parked handlers on.
+  uint64_t faults_cross_cpu = 0;
   // Zero-fill fault-around: never-written blocks mapped (zero) by the same
   // ioctl as a sequential zero fault just before them, i.e. first touches
   // that took no fault of their own (not part of faults_zero).
@@ -103,8 +108,8 @@ struct PagerStats {
 // line with the resident counter the evictor polls.
 struct alignas(64) PagerCounters {
   std::atomic<uint64_t> faults_zero{0}, faults_remote{0}, faults_wp{0}, faults_victim{0},
-      faults_waited{0}, faults_stale{0}, zero_around{0}, zero_cleaned{0}, zero_mapped{0},
-      zero_mapped_written{0};
+      faults_waited{0}, faults_stale{0}, faults_cross_cpu{0}, zero_around{0}, zero_cleaned{0},
+      zero_mapped{0}, zero_mapped_written{0};
   std::atomic<uint64_t> latency[LatencyHistogram::kBuckets]{};
   std::atomic<uint64_t> demotions{0}, evictions_clean{0}, evictions_dirty{0}, writeback_errors{0};
   std::atomic<uint64_t> moves_out{0}, moves_in{0}, move_fallbacks{0};

@@ -478,10 +478,11 @@ void print_stats() {
     }
     snprintf(msg, sizeof msg,
              "farmem: stats: prefetch: %llu issued, %llu used, %llu unused; zero-fill "
-             "fault-around: %llu blocks; faults that waited: %llu\n",
+             "fault-around: %llu blocks; faults that waited: %llu; served from another "
+             "CPU: %llu\n",
              (unsigned long long)ps.prefetch_issued, (unsigned long long)ps.prefetch_used,
              (unsigned long long)ps.prefetch_unused, (unsigned long long)ps.zero_around,
-             (unsigned long long)ps.faults_waited);
+             (unsigned long long)ps.faults_waited, (unsigned long long)ps.faults_cross_cpu);
     write_stderr(msg);
   }
   trim_print_stats(msg, sizeof msg);

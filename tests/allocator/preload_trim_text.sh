@@ -76,7 +76,7 @@ run() {
   PASSES=$(sed -n 's/^farmem: stats: code and read-only data (FARMEM_TRIM_TEXT [0-9]): trim passes: \([0-9]*\),.*/\1/p' "$work/err")
   [[ -n $PASSES ]] || { cat "$work/err" >&2; fail "$label: no trim line in the summary"; }
   # The summary's prefetch line, which bench/eval/programs.py parses.
-  grep -Eq '^farmem: stats: prefetch: [0-9]+ issued, [0-9]+ used, [0-9]+ unused; zero-fill fault-around: [0-9]+ blocks; faults that waited: [0-9]+$' "$work/err" ||
+  grep -Eq '^farmem: stats: prefetch: [0-9]+ issued, [0-9]+ used, [0-9]+ unused; zero-fill fault-around: [0-9]+ blocks; faults that waited: [0-9]+; served from another CPU: [0-9]+$' "$work/err" ||
     { cat "$work/err" >&2; fail "$label: no prefetch line in the summary"; }
   echo "$label: executable mappings / KiB resident of KiB: $lib $LIB_MAPS / $LIB_RSS of $LIB_SIZE," \
     "libc $LIBC_MAPS / $LIBC_RSS of $LIBC_SIZE, _decimal $DEC_MAPS / $DEC_RSS of $DEC_SIZE;" \
