@@ -1,7 +1,10 @@
 // Pager fault costs next to their lower bounds, in one run:
 //   BM_KernelFirstTouch    anonymous page, first touch (kernel fault)
 //   BM_BareUffd            userfaultfd round trip: one handler thread, read()
-//                          + UFFDIO_COPY of a zero page, nothing else
+//                          + UFFDIO_COPY of a zero page, nothing else (one
+//                          unpinned handler: ~9 us where the kernel keeps it
+//                          on the faulting thread's CPU, ~43 us across;
+//                          BM_ColdFault compares strategy for strategy)
 //   BM_PagerZeroFault      pager, never-written page
 //   BM_PagerRemoteFault    pager on loopback, page written back and dropped
 //                          (READ + install), prefetch off, random order
@@ -12,7 +15,9 @@
 //                          copy_p50_us per fault
 //   BM_EvictCycle/write    the same accesses timed per pass: demotions/s
 //                          (median pass), move vs copy
-// Each reports p50_us / p99_us per fault (or per page for scans).
+// Each reports p50_us / p99_us per fault (or per page for scans). The
+// pagers run the default handlers, one pinned per CPU (before 2026-12-07
+// one unpinned handler: p50 ~10 or ~44 us by where the kernel put it).
 //
 // Issue 3's set, each on loopback (backend:0, the pager's own cost: the
 // loopback transport completes inline in the handler's poll, one memcpy, no
@@ -63,7 +68,7 @@
 //                          ZapBatch (process_madvise), with and without
 //                          another thread of the process running: us/page.
 //
-//   ./build/bench/farmem_bench_pager --benchmark_min_time=1x
+//   ./build/bench/farmem_bench_pager   (every benchmark runs one iteration)
 //   build-P/bench/farmem_bench_pager --benchmark_filter=ColdFault --benchmark_repetitions=3
 //       --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
@@ -189,7 +194,7 @@ PagerConfig bench_config(bool prefetch) {
   PagerConfig c;
   c.region_size = 256ull << 20;
   c.local_budget = 16ull << 20;  // 4096 pages
-  c.handler_threads = 1;
+  c.handler_threads = 0;  // the default: one per CPU, pinned (fault_path.h "Handlers per CPU")
   c.prefetch = prefetch;
   return c;
 }

@@ -11,7 +11,7 @@
 //                     one donor killed: time until no extent is degraded,
 //                     s_per_GiB of restored data, MiB restored, chunks redone.
 //
-//   build-R/bench/farmem_bench_replication --benchmark_min_time=1x
+//   build-R/bench/farmem_bench_replication   (one iteration each)
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
