@@ -787,6 +787,16 @@ bool peer_is_loopback(int fd);
 //    /sys/kernel/mm/transparent_hugepage/shmem_enabled allows them, and a
 //    huge-page pool (MAP_HUGETLB) cannot be aliased: its clients stay on
 //    tcp.
+//  * The slab's file: a slab as lent (no I/O yet) moves into a memfd of its
+//    own, which this process's mapping of the slab and the view both map
+//    (SlabPool::file_view()); the proof page then ends with the file's
+//    descriptor number (wire::kLocalFileRecord). The client takes the file
+//    with pidfd_getfd() and reads and writes it with pread / pwrite: the
+//    page cache of one file instead of this process's page tables, 1.3 us
+//    against 2.9 us for 4 KiB. When the slab leaves the client the file is
+//    truncated to nothing (it is sealed against growth) before the slab
+//    gets fresh pages and is lent again: a late client reads 0 bytes or
+//    gets EPERM, never the next client's memory.
 //  * Proof: a page of this process right after the view starts with the
 //    session secret from WELCOME. The client reads it through the pid and
 //    address; only if it matches (same user, ptrace allowed, same pid

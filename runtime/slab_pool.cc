@@ -1,5 +1,6 @@
 #include "runtime/slab_pool.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -123,6 +124,12 @@ Result<std::unique_ptr<SlabPool>> SlabPool::create(const SlabPoolOptions& o) {
 }
 
 SlabPool::~SlabPool() {
+  // A client holding a slab's file (file_view()) reads nothing from now on.
+  for (Slab& s : slabs_)
+    if (s.file >= 0) {
+      (void)ftruncate(s.file, 0);
+      close(s.file);
+    }
   if (arena_ != nullptr) munmap(arena_, arena_size_);  // every view with it
   if (base_ != nullptr) munmap(base_, mapped_);
 }
@@ -221,7 +228,22 @@ void SlabPool::finish(uint32_t slab) noexcept {
   // Nobody can reach a draining slab with no pins: zero it unlocked.
   uint8_t* p = slab_addr(slab);
   bool pinned_frames = registrar_ != nullptr && registrar_->pins_pages();
-  if (shared_) {
+  if (int fd = slabs_[slab].file; fd >= 0) {
+    // file_view(): the late owner's file reads as empty from now on; the
+    // slab gets fresh (zero) shared pages of the pool's kind.
+    const bool revoked = ftruncate(fd, 0) == 0;
+    close(fd);
+    slabs_[slab].file = -1;
+    if (!revoked || mmap(p, slab_size_, PROT_READ | PROT_WRITE,
+                         MAP_FIXED | MAP_SHARED | MAP_ANONYMOUS, -1, 0) == MAP_FAILED) {
+      FARMEM_LOG(kError, "slab %u cannot be revoked or remapped (%s); it is never lent again", slab,
+                 strerror(errno));
+      std::lock_guard<std::mutex> lk(mu_);
+      slabs_[slab].stuck = true;
+      return;
+    }
+    (void)madvise(p, slab_size_, MADV_HUGEPAGE);
+  } else if (shared_) {
     // MADV_DONTNEED only unmaps shared memory; MADV_REMOVE frees it. No
     // memset instead: a one-sided write that pinned a page before the view
     // went could land after it.
@@ -312,11 +334,18 @@ Result<uint64_t> SlabPool::alias(LeaseOwner owner, uint32_t slab, std::span<cons
                         slab);
     uint8_t* view = arena_ + arena_next_;
     arena_next_ += span;
-    // old_size 0: a second mapping of the same shared pages.
-    void* a = mremap(slab_addr(slab), 0, slab_size_, MREMAP_MAYMOVE | MREMAP_FIXED, view);
-    void* pp = a == MAP_FAILED ? MAP_FAILED
-                               : mmap(view + slab_size_, kPageSize, PROT_READ | PROT_WRITE,
-                                      MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    // A file of its own when the slab is as lent (no I/O on it yet, so
+    // nothing to carry over) and the proof leaves room for the file's
+    // record, else old_size 0: a second mapping of the same
+    // shared pages, and the proof in a private page.
+    void* pp = s.pins == 0 && proof.size() <= wire::kLocalFileRecord ? file_view(s, slab, view)
+                                                                     : MAP_FAILED;
+    if (pp == MAP_FAILED) {
+      void* a = mremap(slab_addr(slab), 0, slab_size_, MREMAP_MAYMOVE | MREMAP_FIXED, view);
+      pp = a == MAP_FAILED ? MAP_FAILED
+                           : mmap(view + slab_size_, kPageSize, PROT_READ | PROT_WRITE,
+                                  MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    }
     if (pp == MAP_FAILED) {
       const int e = errno;
       if (mmap(view, span, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
@@ -329,7 +358,42 @@ Result<uint64_t> SlabPool::alias(LeaseOwner owner, uint32_t slab, std::span<cons
     ++live_views_;
   }
   std::memcpy(s.alias + slab_size_, proof.data(), proof.size());
+  if (s.file >= 0) {
+    uint8_t* rec = s.alias + slab_size_ + wire::kLocalFileRecord;
+    wire::put_u32(rec, wire::kLocalFileMagic);
+    wire::put_u32(rec + 4, static_cast<uint32_t>(s.file));
+  }
   return reinterpret_cast<uint64_t>(s.alias);
+}
+
+// The slab moves into a memfd of its own (slab + proof page; it may not
+// grow, so a write after the revocation below fails instead of extending
+// it): this process's mapping of the slab and the view both map the file.
+// finish() revokes it by truncating it to nothing before the slab is lent
+// again: a late pread gets 0 bytes, a late pwrite EPERM.
+void* SlabPool::file_view(Slab& s, uint32_t slab, uint8_t* view) {
+  const uint64_t span = slab_size_ + kPageSize;
+  const int fd = memfd_create("farmem-slab", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(span)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+      mmap(view, span, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_SHARED, fd, 0) == MAP_FAILED) {
+    close(fd);
+    return MAP_FAILED;
+  }
+  if (mmap(slab_addr(slab), slab_size_, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_SHARED, fd, 0) ==
+      MAP_FAILED) {
+    // The pool's own pages are still there (a failed MAP_FIXED leaves the
+    // range as it was only when it failed before unmapping it: restore).
+    (void)mmap(slab_addr(slab), slab_size_, PROT_READ | PROT_WRITE,
+               MAP_FIXED | MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    (void)mmap(view, span, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+               0);
+    close(fd);
+    return MAP_FAILED;
+  }
+  s.file = fd;
+  return view;
 }
 
 void SlabPool::unpin(uint32_t slab) noexcept {

@@ -137,6 +137,7 @@ class SlabPool {
     uint32_t pins = 0;
     State state = State::kFree;
     uint8_t* alias = nullptr;  // alias(): the owner's one-sided view, or null
+    int file = -1;             // file_view(): the memfd the slab and its view map, or -1
     bool stuck = false;        // its view could not be revoked or it not zeroed: never lent again
   };
 
@@ -147,6 +148,9 @@ class SlabPool {
   // Zeroes a drained slab (without the lock: it can take milliseconds) and
   // puts it on the free list.
   void finish(uint32_t slab) noexcept;
+  // alias() of a slab with no I/O yet: moves it into a memfd and maps it at
+  // `view` too; `view` or MAP_FAILED (nothing changed). Called with mu_ held.
+  void* file_view(Slab& s, uint32_t slab, uint8_t* view);
 
   uint8_t* base_ = nullptr;
   uint64_t mapped_ = 0;

@@ -100,15 +100,18 @@ class TcpTransport final : public TransportControl {  // satisfies TransportBack
   // remove_slab: kNotFound when it was not added.
   Status add_slab(ServerId server, const SlabDesc& slab) override;
   Status remove_slab(ServerId server, SlabId slab) override;
-  // Slabs added that are read and written one-sided ("Local donors").
+  // Slabs added that are read and written one-sided ("Local donors"), and
+  // of those the ones read and written through their file.
   size_t local_slabs() const;
+  size_t local_files() const;
 
  private:
   friend class Queue;
   struct Slab {
     SlabId id = 0;
     uint64_t size = 0;
-    uint64_t local_addr = 0;  // "Local donors": the donor's view of it, or 0 (tcp)
+    uint64_t local_addr = 0;         // "Local donors": the donor's view of it, or 0 (tcp)
+    std::shared_ptr<const Fd> file;  // "Local donors": its file in the donor, or null
   };
   // A donor process on this host whose slabs are read and written
   // one-sided ("Local donors" in tcp_transport.cc).
@@ -123,9 +126,11 @@ class TcpTransport final : public TransportControl {  // satisfies TransportBack
     std::shared_ptr<const LocalDonor> local;  // set by the first local slab
   };
   // The proof of "Local donors" for `slab`; on success, *local is the
-  // donor (kept, or opened for its pid). Called with mu_ held.
+  // donor (kept, or opened for its pid) and *file the slab's file, when the
+  // donor offers one and this process may take it (else null: the view is
+  // read with process_vm_readv). Called with mu_ held.
   Status adopt_local(const Server& server, const SlabDesc& slab,
-                     std::shared_ptr<const LocalDonor>* local);
+                     std::shared_ptr<const LocalDonor>* local, std::shared_ptr<const Fd>* file);
   // One immutable version of the tables; vectors sorted for binary search.
   struct Tables {
     RegistrationTable<> buffers;
@@ -183,7 +188,9 @@ class TcpTransport::Queue {
   Conn* conn_for(const Server& server);
   void complete(uint64_t cookie, Errc status);
   // An op on a local donor's slab ("Local donors"), done now.
-  Errc local_io(const Server& server, const IoOp& op, uint64_t remote);
+  Errc local_io(const Server& server, const IoOp& op, uint64_t remote, int file);
+  static ssize_t move_local(int pid, int file, IoKind kind, const IoOp* const* ops,
+                            const uint64_t* remote, size_t n, size_t* want);
   // Consecutive ops of one kind on one local donor's slabs, done with one
   // process_vm_readv / writev and completed in order (post() gathers them).
   struct LocalBatch {
@@ -191,7 +198,8 @@ class TcpTransport::Queue {
     IoKind kind = IoKind::kRead;
     size_t n = 0;
     const IoOp* ops[kMaxIov];
-    uint64_t remote[kMaxIov];
+    uint64_t remote[kMaxIov];  // the op's address in the donor's view
+    int file[kMaxIov];         // the slab's file, or -1
   };
   void local_batch(LocalBatch& b);
   void finish_head(Conn& c, Errc status);

@@ -195,9 +195,18 @@ struct SlabDesc {
   uint64_t size = 0;
   // verbs: remote virtual address; tcp: 0, or for a client on the donor's
   // host the address of the slab's view in the donor, followed by a page
-  // that starts with the session secret
+  // that starts with the session secret (and may end with a file record:
+  // kLocalFileRecord below)
   uint64_t addr = 0;
 };
+// A local client's view (SlabDesc.addr) may be a mapping of a memfd of the
+// donor's that holds the slab and the proof page: then the last 8 bytes of
+// the proof page are kLocalFileMagic and that file's descriptor number in
+// the donor, both u32 little-endian. The client takes the file with
+// pidfd_getfd() and reads and writes the slab with pread / pwrite on it
+// (donor_server.cc "Local clients").
+inline constexpr size_t kLocalFileRecord = 4096 - 8;     // offset in the proof page
+inline constexpr uint32_t kLocalFileMagic = 0x31444D46;  // "FMD1" in memory order
 struct Leased {
   std::vector<SlabDesc> slabs;
 };

@@ -13,6 +13,7 @@
 // tests/ and bench/ targets can include it without a library of their own.
 #pragma once
 
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -44,6 +45,25 @@ inline int read_own_memory(uint64_t addr, void* out, size_t n) {
 inline bool one_sided_allowed() {
   int probe = 1, got = 0;
   return read_own_memory(reinterpret_cast<uint64_t>(&probe), &got, sizeof got) == 0;
+}
+// take_fd: another process's descriptor `fd` (here: this process's), as a
+// local client takes a slab's file (pidfd_getfd); -1 when not allowed.
+inline int take_fd(int fd) {
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0));
+  if (pidfd < 0) return -1;
+  const int got = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+  close(pidfd);
+  return got;
+}
+// Whether the file path of "Local donors" is open to this process (a
+// seccomp profile may forbid pidfd_getfd): its tests skip otherwise.
+inline bool take_fd_allowed() {
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0));
+  if (pidfd < 0) return false;
+  const int got = take_fd(pidfd);
+  close(pidfd);
+  if (got >= 0) close(got);
+  return got >= 0;
 }
 
 // local_clients: DonorOptions::local_clients (one-sided access for this

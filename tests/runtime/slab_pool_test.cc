@@ -2,6 +2,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -243,6 +244,72 @@ TEST(SlabPool, AliasIsTheSlabUntilItLeavesItsOwner) {
   ASSERT_TRUE(w.ok());
   EXPECT_EQ(pool->release_all(2), 2u);
   EXPECT_EQ(testing::read_own_memory(*w, got, 4), EFAULT);
+}
+
+// The file of "Local clients": a slab aliased as lent moves into a memfd
+// whose descriptor number ends the proof page; that file is the slab (what
+// pwrite puts there the donor reads, and the other way round) and holds
+// the proof after it. When the slab leaves its owner the file is empty
+// and cannot grow: a late pread gets 0 bytes, a late pwrite EPERM, and the
+// slab lent again is zero. A slab with I/O in flight gets a plain view.
+TEST(SlabPool, AliasOfAFreshSlabIsAFileEmptiedWhenTheSlabLeaves) {
+  if (!testing::one_sided_allowed() || !testing::take_fd_allowed())
+    GTEST_SKIP() << "process_vm_readv or pidfd_getfd is not allowed here";
+  auto pool = make_pool(2, 0, nullptr, /*shared=*/true);
+  ASSERT_NE(pool, nullptr);
+  auto a = pool->lease(1, kSlab);
+  ASSERT_TRUE(a.ok());
+  const uint32_t slab = (*a)[0].slab;
+  const uint8_t proof[4] = {4, 3, 2, 1};
+  auto v = pool->alias(1, slab, proof);
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  const auto* rec = reinterpret_cast<const uint8_t*>(*v + kSlab + wire::kLocalFileRecord);
+  ASSERT_EQ(wire::get_u32(rec), wire::kLocalFileMagic);
+  const int fd = testing::take_fd(static_cast<int>(wire::get_u32(rec + 4)));
+  ASSERT_GE(fd, 0) << strerror(errno);
+  uint8_t got[4096];
+  ASSERT_EQ(pread(fd, got, 4, kSlab), 4);
+  EXPECT_EQ(std::memcmp(got, proof, 4), 0);
+  std::vector<uint8_t> pat(4096);
+  for (size_t i = 0; i < pat.size(); ++i) pat[i] = static_cast<uint8_t>(i * 13 + 5);
+  ASSERT_EQ(pwrite(fd, pat.data(), pat.size(), 8192), 4096);
+  uint8_t* p = nullptr;
+  ASSERT_EQ(pool->pin(1, slab, 0, kSlab, &p), Errc::kOk);
+  EXPECT_EQ(std::memcmp(p + 8192, pat.data(), pat.size()), 0);
+  p[100] = 0x42;
+  pool->unpin(slab);
+  ASSERT_EQ(pread(fd, got, 1, 100), 1);
+  EXPECT_EQ(got[0], 0x42);
+
+  ASSERT_TRUE(pool->release(1, slab).ok());
+  EXPECT_EQ(pread(fd, got, sizeof got, 0), 0) << "the file outlived the lease";
+  errno = 0;
+  EXPECT_EQ(pwrite(fd, pat.data(), pat.size(), 0), -1);
+  EXPECT_EQ(errno, EPERM) << "a revoked file must not grow again";
+  auto b = pool->lease(2, kSlab);
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ((*b)[0].slab, slab);
+  ASSERT_EQ(pool->pin(2, slab, 0, kSlab, &p), Errc::kOk);
+  EXPECT_TRUE(all_zero(p, kSlab)) << "the slab lent again must be zero";
+  pool->unpin(slab);
+  auto w = pool->alias(2, slab, proof);  // a file of its own again
+  ASSERT_TRUE(w.ok());
+  std::memset(reinterpret_cast<uint8_t*>(*w), 0x77, 64);
+  EXPECT_EQ(pread(fd, got, sizeof got, 0), 0) << "the late file reaches the next owner's data";
+  close(fd);
+
+  // I/O in flight when the view is asked for: a plain view, no file.
+  auto c = pool->lease(3, kSlab);
+  ASSERT_TRUE(c.ok());
+  const uint32_t other = (*c)[0].slab;
+  ASSERT_EQ(pool->pin(3, other, 0, 64, &p), Errc::kOk);
+  auto x = pool->alias(3, other, proof);
+  ASSERT_TRUE(x.ok());
+  EXPECT_NE(wire::get_u32(reinterpret_cast<const uint8_t*>(*x + kSlab + wire::kLocalFileRecord)),
+            wire::kLocalFileMagic);
+  p[0] = 0x11;
+  EXPECT_EQ(reinterpret_cast<const uint8_t*>(*x)[0], 0x11);
+  pool->unpin(other);
 }
 
 TEST(SlabPool, AliasNeedsASharedPool) {

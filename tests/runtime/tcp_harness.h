@@ -73,6 +73,7 @@ struct TcpHarnessT {
       ASSERT_TRUE(st.ok()) << st.to_string();
     }
     ASSERT_EQ(transport_->local_slabs(), kLocal ? slabs_.size() : 0u);
+    ASSERT_EQ(transport_->local_files(), kLocal && take_fd_allowed() ? slabs_.size() : 0u);
   }
   // Reverse order of construction: the transport points at the session,
   // the session talks to the server.

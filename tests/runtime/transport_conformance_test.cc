@@ -693,6 +693,109 @@ TEST(TcpLocalDonor, UnprovenSlabsStayOnTheWire) {
   h.TearDown();
 }
 
+// "Local donors", the slab's file: with pidfd_getfd allowed every local
+// slab is read and written through its memfd. A single op is one pread /
+// pwrite, a post that is one run of consecutive offsets in one slab one
+// preadv / pwritev, and the donor's own mapping (the wire) sees the same
+// bytes. Once the donor takes the slab back (RELEASE) its file is empty:
+// a late READ or WRITE through it completes kUnavailable, and the slab,
+// lent again, is zero.
+TEST(TcpLocalDonor, SlabFilesAreByteExactAndARevokedFileFailsItsOps) {
+  TcpLocalHarness h;
+  ASSERT_NO_FATAL_FAILURE(h.SetUp());
+  if (IsSkipped()) return;
+  if (!take_fd_allowed()) GTEST_SKIP() << "pidfd_getfd is not allowed here: no slab files";
+  ASSERT_EQ(h.transport().local_files(), 2u);
+  auto tp = std::make_unique<TcpTransport>();  // on the wire; destroyed before the session
+  TcpTransport& wire = *tp;
+  ASSERT_TRUE(wire.add_server(h.server(), &h.session()).ok());
+  for (SlabDesc d : h.slabs()) {
+    d.addr = 0;
+    d.rkey = 0;
+    ASSERT_TRUE(wire.add_slab(h.server(), d).ok());
+  }
+  constexpr size_t kPage = 4096;
+  std::vector<uint8_t> buf(16 * kPage);
+  ASSERT_TRUE(h.transport().register_buffer(buf.data(), 8 * kPage).ok());
+  ASSERT_TRUE(wire.register_buffer(buf.data() + 8 * kPage, 8 * kPage).ok());
+  uint8_t* mine = buf.data();
+  uint8_t* seen = buf.data() + 8 * kPage;
+  fill_pattern(mine, 4 * kPage, 17);
+  auto q = h.transport().open_queue();
+  auto wq = wire.open_queue();
+  ASSERT_TRUE(q.ok() && wq.ok());
+  auto run = [](TcpTransport::Queue& queue, std::vector<IoOp> ops) {
+    std::map<uint64_t, Errc> out;
+    if (queue.post(ops) != Errc::kOk) return out;
+    std::vector<IoCompletion> c(ops.size());
+    size_t got = 0;
+    for (int i = 0; i < 50 && got < ops.size(); ++i)
+      got += queue.wait(std::span(c).subspan(got), 100);
+    for (size_t i = 0; i < got; ++i) out[c[i].cookie] = c[i].status;
+    return out;
+  };
+  const ServerId sv = h.server();
+  const SlabId s0 = h.slabs()[0].slab, s1 = h.slabs()[1].slab;
+  const auto st0 = h.session().stats();
+  ASSERT_TRUE(st0.ok());
+  const uint64_t calls0 = (*q)->local_calls();
+  // One op: one call, and the donor's mapping holds what it wrote.
+  auto out = run(**q, {IoOp{IoKind::kWrite, kPage, {sv, s0, 3 * kPage}, mine, 1}});
+  EXPECT_EQ(out[1], Errc::kOk);
+  EXPECT_EQ((*q)->local_calls() - calls0, 1u);
+  out = run(**wq, {IoOp{IoKind::kRead, kPage, {sv, s0, 3 * kPage}, seen, 2}});
+  ASSERT_EQ(out[2], Errc::kOk);
+  EXPECT_EQ(memcmp(mine, seen, kPage), 0);
+  // A run of three consecutive pages from scattered buffers: one call;
+  // read back through the wire and through the file, byte-exact.
+  out = run(**q, {IoOp{IoKind::kWrite, kPage, {sv, s1, 10 * kPage}, mine + 3 * kPage, 3},
+                  IoOp{IoKind::kWrite, kPage, {sv, s1, 11 * kPage}, mine + 1 * kPage, 4},
+                  IoOp{IoKind::kWrite, kPage, {sv, s1, 12 * kPage}, mine + 2 * kPage, 5}});
+  EXPECT_EQ(out[3], Errc::kOk);
+  EXPECT_EQ(out[4], Errc::kOk);
+  EXPECT_EQ(out[5], Errc::kOk);
+  EXPECT_EQ((*q)->local_calls() - calls0, 2u);
+  out = run(**wq, {IoOp{IoKind::kRead, 3 * kPage, {sv, s1, 10 * kPage}, seen, 6}});
+  ASSERT_EQ(out[6], Errc::kOk);
+  EXPECT_EQ(memcmp(seen, mine + 3 * kPage, kPage), 0);
+  EXPECT_EQ(memcmp(seen + kPage, mine + kPage, 2 * kPage), 0);
+  uint8_t* back = mine + 4 * kPage;
+  out = run(**q, {IoOp{IoKind::kRead, kPage, {sv, s1, 11 * kPage}, back, 7},
+                  IoOp{IoKind::kRead, kPage, {sv, s1, 12 * kPage}, back + kPage, 8}});
+  EXPECT_EQ(out[7], Errc::kOk);
+  EXPECT_EQ(out[8], Errc::kOk);
+  EXPECT_EQ((*q)->local_calls() - calls0, 3u);
+  EXPECT_EQ(memcmp(back, mine + kPage, 2 * kPage), 0);
+  const auto st1 = h.session().stats();
+  ASSERT_TRUE(st1.ok());
+  EXPECT_EQ(st1->writes - st0->writes, 0u) << "the file path's WRITEs went on the wire";
+  EXPECT_EQ(st1->reads - st0->reads, 2u);  // the wire transport's two
+
+  // Revoked: the donor took slab 0 back. A late READ through its file
+  // fails (and fails the donor for that queue); a late WRITE, on a queue
+  // that has not failed yet, fails too and reaches nothing.
+  ASSERT_TRUE(h.session().release(s0).ok());
+  out = run(**q, {IoOp{IoKind::kRead, kPage, {sv, s0, 3 * kPage}, back, 9}});
+  EXPECT_EQ(out[9], Errc::kUnavailable);
+  auto q2 = h.transport().open_queue();
+  ASSERT_TRUE(q2.ok());
+  out = run(**q2, {IoOp{IoKind::kWrite, kPage, {sv, s0, 3 * kPage}, mine, 10}});
+  EXPECT_EQ(out[10], Errc::kUnavailable);
+  auto again = h.session().lease(h.slabs()[0].size);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  ASSERT_EQ((*again)[0].slab, s0) << "the donor lends the last slab it took back first";
+  memset(seen, 0xEE, kPage);
+  out = run(**wq, {IoOp{IoKind::kRead, kPage, {sv, s0, 3 * kPage}, seen, 11}});
+  ASSERT_EQ(out[11], Errc::kOk);
+  EXPECT_TRUE(std::all_of(seen, seen + kPage, [](uint8_t b) { return b == 0; }))
+      << "a slab lent again must start zeroed, whatever the late client did";
+  q->reset();
+  q2->reset();
+  wq->reset();
+  tp.reset();
+  h.TearDown();
+}
+
 // One post's run of one-sided ops of one kind is one system call
 // ("Local donors", Batches). A full queue of WRITEs then of READs reads
 // back byte-exact, off the wire. When the call fails (here: one op's own
