@@ -9,6 +9,7 @@
 // on the command line override the file. A bad value is one line on stderr
 // naming the flag and what it expects, and exit status 2.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cinttypes>
 #include <cstdio>
@@ -310,6 +311,14 @@ int run(int argc, char** argv) {
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // Every connection is a descriptor, and so is each slab a client on this
+  // host reads through its file (SlabPool: at most a quarter of the limit):
+  // a server takes the hard limit, not the shell's soft 1024.
+  if (rlimit nofile{};
+      getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &nofile);
+  }
 
   auto srv = DonorServer::start(o);
   if (!srv.ok()) {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -233,7 +234,11 @@ void SlabPool::finish(uint32_t slab) noexcept {
     // slab gets fresh (zero) shared pages of the pool's kind.
     const bool revoked = ftruncate(fd, 0) == 0;
     close(fd);
-    slabs_[slab].file = -1;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      slabs_[slab].file = -1;
+      --live_files_;
+    }
     if (!revoked || mmap(p, slab_size_, PROT_READ | PROT_WRITE,
                          MAP_FIXED | MAP_SHARED | MAP_ANONYMOUS, -1, 0) == MAP_FAILED) {
       FARMEM_LOG(kError, "slab %u cannot be revoked or remapped (%s); it is never lent again", slab,
@@ -372,6 +377,11 @@ Result<uint64_t> SlabPool::alias(LeaseOwner owner, uint32_t slab, std::span<cons
 // finish() revokes it by truncating it to nothing before the slab is lent
 // again: a late pread gets 0 bytes, a late pwrite EPERM.
 void* SlabPool::file_view(Slab& s, uint32_t slab, uint8_t* view) {
+  // Descriptors stay for accept(): files for at most a quarter of the
+  // process's limit, plain views beyond.
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) != 0 || live_files_ >= nofile.rlim_cur / 4)
+    return MAP_FAILED;
   const uint64_t span = slab_size_ + kPageSize;
   const int fd = memfd_create("farmem-slab", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return MAP_FAILED;
@@ -393,6 +403,7 @@ void* SlabPool::file_view(Slab& s, uint32_t slab, uint8_t* view) {
     return MAP_FAILED;
   }
   s.file = fd;
+  ++live_files_;
   return view;
 }
 

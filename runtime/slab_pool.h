@@ -170,6 +170,7 @@ class SlabPool {
   uint64_t arena_size_ = 0;
   uint64_t arena_next_ = 0;  // guarded by mu_
   uint32_t live_views_ = 0;  // guarded by mu_
+  uint64_t live_files_ = 0;  // file_view() files open; guarded by mu_
 
   mutable std::mutex mu_;
   std::vector<Slab> slabs_;     // guarded by mu_

@@ -2,8 +2,10 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -310,6 +312,55 @@ TEST(SlabPool, AliasOfAFreshSlabIsAFileEmptiedWhenTheSlabLeaves) {
   p[0] = 0x11;
   EXPECT_EQ(reinterpret_cast<const uint8_t*>(*x)[0], 0x11);
   pool->unpin(other);
+}
+
+// Files take descriptors, which a server needs for its connections: at
+// most a quarter of RLIMIT_NOFILE's soft limit are open at once; slabs
+// beyond get plain views, and a file closed by a release makes room.
+TEST(SlabPool, SlabFilesStayWithinAQuarterOfTheDescriptorLimit) {
+  if (!testing::one_sided_allowed() || !testing::take_fd_allowed())
+    GTEST_SKIP() << "process_vm_readv or pidfd_getfd is not allowed here";
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  if (saved.rlim_max < 64) GTEST_SKIP() << "the hard descriptor limit is below 64";
+  struct Restore {
+    rlimit r;
+    ~Restore() { setrlimit(RLIMIT_NOFILE, &r); }
+  } restore{saved};
+  rlimit low = saved;
+  low.rlim_cur = 32;  // 8 files
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  auto pool = make_pool(10, 0, nullptr, /*shared=*/true);
+  ASSERT_NE(pool, nullptr);
+  auto a = pool->lease(1, 9 * kSlab);
+  ASSERT_TRUE(a.ok());
+  const uint8_t proof[4] = {1, 2, 3, 4};
+  auto has_file = [&](uint64_t view) {
+    const auto* rec = reinterpret_cast<const uint8_t*>(view + kSlab + wire::kLocalFileRecord);
+    return wire::get_u32(rec) == wire::kLocalFileMagic;
+  };
+  std::vector<bool> file;
+  for (const auto& d : *a) {
+    auto v = pool->alias(1, d.slab, proof);
+    ASSERT_TRUE(v.ok()) << v.status().to_string();
+    file.push_back(has_file(*v));
+    reinterpret_cast<uint8_t*>(*v)[0] = 0x21;  // a view either way
+  }
+  EXPECT_EQ(std::count(file.begin(), file.end(), true), 8);
+  EXPECT_TRUE(file[0]);
+  EXPECT_FALSE(file[8]) << "a ninth file past a quarter of the limit";
+  // The tenth slab has no room either; a release gives its file's back.
+  auto b = pool->lease(2, kSlab);
+  ASSERT_TRUE(b.ok());
+  auto w = pool->alias(2, (*b)[0].slab, proof);
+  ASSERT_TRUE(w.ok());
+  EXPECT_FALSE(has_file(*w));
+  ASSERT_TRUE(pool->release(1, (*a)[0].slab).ok());
+  auto c = pool->lease(3, kSlab);
+  ASSERT_TRUE(c.ok());
+  auto x = pool->alias(3, (*c)[0].slab, proof);
+  ASSERT_TRUE(x.ok());
+  EXPECT_TRUE(has_file(*x)) << "a released slab's file still counts";
 }
 
 TEST(SlabPool, AliasNeedsASharedPool) {
