@@ -190,6 +190,7 @@ Result<std::vector<wire::SlabDesc>> SlabPool::lease(LeaseOwner owner, uint64_t b
     FARMEM_BUG_ON(s.state != State::kFree || s.pins != 0);
     s.state = State::kLeased;
     s.owner = owner;
+    s.io = false;
   }
   owner_bytes_[owner] = mine + n * slab_size_;
   leased_ += n * slab_size_;
@@ -309,6 +310,7 @@ Errc SlabPool::pin(LeaseOwner owner, uint32_t slab, uint64_t offset, uint64_t le
   // Written so that no sum can overflow.
   if (offset > slab_size_ || length > slab_size_ - offset) return Errc::kOutOfRange;
   ++s.pins;
+  s.io = true;
   *addr = slab_addr(slab) + offset;
   return Errc::kOk;
 }
@@ -343,8 +345,8 @@ Result<uint64_t> SlabPool::alias(LeaseOwner owner, uint32_t slab, std::span<cons
     // nothing to carry over) and the proof leaves room for the file's
     // record, else old_size 0: a second mapping of the same
     // shared pages, and the proof in a private page.
-    void* pp = s.pins == 0 && proof.size() <= wire::kLocalFileRecord ? file_view(s, slab, view)
-                                                                     : MAP_FAILED;
+    void* pp =
+        !s.io && proof.size() <= wire::kLocalFileRecord ? file_view(s, slab, view) : MAP_FAILED;
     if (pp == MAP_FAILED) {
       void* a = mremap(slab_addr(slab), 0, slab_size_, MREMAP_MAYMOVE | MREMAP_FIXED, view);
       pp = a == MAP_FAILED ? MAP_FAILED

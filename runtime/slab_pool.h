@@ -111,7 +111,12 @@ class SlabPool {
   // unmapped when the slab leaves its owner (release, session end), before
   // the slab is zeroed or lent again: a late access through the view fails
   // (EFAULT) instead of reaching the next owner's data: the address is
-  // never used again. Only on a shared pool without huge pages:
+  // never used again. A slab with no I/O yet moves into a memfd of its own
+  // first (file_view()), which the view and this process's mapping of the
+  // slab both map; the proof page then ends with wire::kLocalFileRecord,
+  // and the file is truncated to nothing before the slab is lent again.
+  // A slab pinned since it was lent keeps the plain view. Only on a shared
+  // pool without huge pages:
   // kInvalidArgument otherwise; kNotFound / kPermissionDenied as for pin();
   // kResourceExhausted at kMaxViews live views or when the kernel refuses.
   Result<uint64_t> alias(LeaseOwner owner, uint32_t slab, std::span<const uint8_t> proof);
@@ -138,6 +143,7 @@ class SlabPool {
     State state = State::kFree;
     uint8_t* alias = nullptr;  // alias(): the owner's one-sided view, or null
     int file = -1;             // file_view(): the memfd the slab and its view map, or -1
+    bool io = false;           // pinned since it was lent (its data may not be zero)
     bool stuck = false;        // its view could not be revoked or it not zeroed: never lent again
   };
 
