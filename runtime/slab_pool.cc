@@ -230,6 +230,12 @@ void SlabPool::finish(uint32_t slab) noexcept {
   // Nobody can reach a draining slab with no pins: zero it unlocked.
   uint8_t* p = slab_addr(slab);
   bool pinned_frames = registrar_ != nullptr && registrar_->pins_pages();
+  auto never_lent_again = [&](const char* why) {
+    FARMEM_LOG(kError, "slab %u cannot be %s (%s); it is never lent again", slab, why,
+               strerror(errno));
+    std::lock_guard<std::mutex> lk(mu_);
+    slabs_[slab].stuck = true;
+  };
   if (int fd = slabs_[slab].file; fd >= 0) {
     // file_view(): the late owner's file reads as empty from now on; the
     // slab gets fresh (zero) shared pages of the pool's kind.
@@ -241,25 +247,14 @@ void SlabPool::finish(uint32_t slab) noexcept {
       --live_files_;
     }
     if (!revoked || mmap(p, slab_size_, PROT_READ | PROT_WRITE,
-                         MAP_FIXED | MAP_SHARED | MAP_ANONYMOUS, -1, 0) == MAP_FAILED) {
-      FARMEM_LOG(kError, "slab %u cannot be revoked or remapped (%s); it is never lent again", slab,
-                 strerror(errno));
-      std::lock_guard<std::mutex> lk(mu_);
-      slabs_[slab].stuck = true;
-      return;
-    }
+                         MAP_FIXED | MAP_SHARED | MAP_ANONYMOUS, -1, 0) == MAP_FAILED)
+      return never_lent_again("revoked (ftruncate) or given fresh pages (mmap)");
     (void)madvise(p, slab_size_, MADV_HUGEPAGE);
   } else if (shared_) {
     // MADV_DONTNEED only unmaps shared memory; MADV_REMOVE frees it. No
     // memset instead: a one-sided write that pinned a page before the view
     // went could land after it.
-    if (madvise(p, slab_size_, MADV_REMOVE) != 0) {
-      FARMEM_LOG(kError, "slab %u cannot be zeroed (MADV_REMOVE: %s); it is never lent again", slab,
-                 strerror(errno));
-      std::lock_guard<std::mutex> lk(mu_);
-      slabs_[slab].stuck = true;
-      return;
-    }
+    if (madvise(p, slab_size_, MADV_REMOVE) != 0) return never_lent_again("zeroed (MADV_REMOVE)");
   } else if (pinned_frames || madvise(p, slab_size_, MADV_DONTNEED) != 0) {
     std::memset(p, 0, slab_size_);
   }
@@ -397,10 +392,9 @@ void* SlabPool::file_view(Slab& s, uint32_t slab, uint8_t* view) {
       MAP_FAILED) {
     // The pool's own pages are still there (a failed MAP_FIXED leaves the
     // range as it was only when it failed before unmapping it: restore).
+    // The view is alias()'s to replace or revoke.
     (void)mmap(slab_addr(slab), slab_size_, PROT_READ | PROT_WRITE,
                MAP_FIXED | MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    (void)mmap(view, span, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
-               0);
     close(fd);
     return MAP_FAILED;
   }
