@@ -785,10 +785,20 @@ size_t Pager<B>::demote_batch(size_t max, size_t* dropped) {
     n_drop += drop[i] ? 1 : 0;
   }
   // Moved blocks are done: the move took the page out of the region
-  // atomically. The rest (or all, without UFFDIO_MOVE) are copied.
+  // atomically. Only dirty blocks move: one ioctl and one TLB flush each,
+  // where the copy path pays a write-protect (its own flush), the copy and
+  // a share of the batched drop. A clean block is write-protected already,
+  // so its copy costs no flush of its own (a share of the drop's), and a
+  // move would add one per block. The rest (or all, without UFFDIO_MOVE)
+  // are copied.
+  // A moved block's bytes are in its slot as a copied one's are: a dirty
+  // block never written since a zero fill maps it goes back to Empty the
+  // same way (clean_if_zero()), with no WRITE.
   bool moved[kMaxBatch] = {};
   for (size_t i = 0; use_move_ && i < n; ++i) {
-    moved[i] = !drop[i] && empty[i] && move_out(blocks[i], slots[i]);
+    moved[i] =
+        !drop[i] && empty[i] && (words[i] & PageTable::kDirty) && move_out(blocks[i], slots[i]);
+    if (moved[i]) words[i] = clean_if_zero(blocks[i], slots[i], words[i]);
   }
   // Writes from now on fault and wait for this demotion (invariant 4).
   // Clean blocks are write-protected already; the dirty ones are

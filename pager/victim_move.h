@@ -3,15 +3,19 @@
 // setup_wp_async(), called by init()), the asynchronous demotion
 // (demote_async(), called by demote_batch() in evictor.h), and the moves of
 // a block out of and back into the region (move_out(), promote_by_move(),
-// the latter from handle_fault() in fault_path.h). Both are off by default
-// (measured slower, below). Part of Pager<B> (pager/pager_core.h); include
-// pager/pager.h.
+// the latter from handle_fault() in fault_path.h). UFFDIO_MOVE is on where
+// the kernel has it, WP_ASYNC off (measured slower, below). Part of
+// Pager<B> (pager/pager_core.h); include pager/pager.h.
 //
 // UFFDIO_MOVE (config.uffd_move, FARMEM_UFFD_MOVE): when on and the kernel
 // has it, the victim slots are registered (WP mode only) with the pager's
 // uffd and pages move instead of being copied:
-//   demote: UFFDIO_MOVE region -> empty slot; atomic, so no write-protect
-//           and no MADV_DONTNEED (one ioctl instead of up to three);
+//   demote of a dirty block: UFFDIO_MOVE region -> empty slot; atomic,
+//           so no write-protect and no MADV_DONTNEED (one ioctl instead
+//           of up to three); a clean block is copied (write-protected
+//           already, its copy needs no TLB flush of its own); a moved
+//           block never written since a zero fill is found all-zero in
+//           its slot and leaves with no WRITE, as a copied one does;
 //   victim hit, write fault or dirty block: UFFDIO_MOVE slot -> region,
 //           which wakes the faulting thread. A clean block hit by a read
 //           keeps UFFDIO_COPY: a moved page is mapped writable, and making
@@ -21,16 +25,30 @@
 // the page is pinned, e.g. by an RDMA registration, or shared) takes the
 // copy path for that block; slot pages are never dropped with
 // MADV_DONTNEED, as a transport may have them registered.
-// Measured slower, so off by default (bench/pager_bench.cc, 2 cores at
+// First measured slower and off by default (bench/pager_bench.cc, 2 cores at
 // load average ~7, Linux 6.18, loopback, 4 KiB blocks, interleaved rounds;
 // two runs, run 1 / run 2):
 //                   victim-hit fault p50            demotions/s (median pass)
 //                   move          copy              move         copy
 //   read accesses   59.5 / 62.1   20.3 / 25.4 us    4.6k / 7.0k  7.6k / 10.9k
 //   write accesses  75.9 / 75.0   29.0 / 25.8 us    4.4k / 4.3k  5.0k / 4.2k
-// Likely why: each move is its own ioctl with its own TLB shoot-down and
-// page-table locking, where the copy path write-protects, copies 4 KiB
-// (cheap) and drops whole runs with one MADV_DONTNEED.
+// Those figures had the handler and the faulting thread on different CPUs
+// half the time (docs/eval/l-s27); with the handlers placed beside the
+// faulting thread the two paths measure alike here (idle, two runs):
+// victim-hit p50 8.0-8.4 / 9.1-9.2 us (move, read / write) against
+// 7.9-8.4 / 9.3-9.3 us (copy); demotions/s 75-77k / 54-60k against
+// 75-76k / 47-67k. On real programs the move is ahead, so it is the
+// default where the kernel has it: xz -7 -T1 of 10 MiB of text at
+// FARMEM_LOCAL_MEM=75M against farmemd on 127.0.0.1 (one-sided), four
+// pairs alternated off / on: 45.2 / 42.1, 49.6 / 45.7, 52.3 / 41.8,
+// 43.8 / 40.7 s (-11%; system time 22-27 -> 21-23 s); zstd -19
+// --long=27 -T1 at 72M, two pairs: 57.3 / 54.0, 59.1 / 52.0 s (-9%);
+// GNU sort -S 1G of 3M lines at 120M, three pairs: 4.73 / 4.41, 4.21 /
+// 4.72, 4.85 / 5.49 s (noise). In xz about half the demotions move (787k
+// of 1.59M; the rest find their slot holding a page, see alloc_slot())
+// and every dirty victim hit (342k) moves back: a dirty demotion that
+// moves costs one ioctl and one flush where the copy path pays the
+// write-protect's flush, the copy and a share of the batched drop.
 // fork() (invariant 8): prepare_fork() / fork_parent() / fork_child()
 //
 // WP_ASYNC (config.wp_async, FARMEM_WP_ASYNC; Linux >= 6.8: it needs

@@ -476,6 +476,14 @@ void print_stats() {
                static_cast<double>(ps.flush_apart_ns) / 1e3);
       write_stderr(msg);
     }
+    if (ps.moves_out + ps.moves_in + ps.move_fallbacks > 0) {
+      snprintf(msg, sizeof msg,
+               "farmem: stats: victim cache by UFFDIO_MOVE (FARMEM_UFFD_MOVE): %llu blocks "
+               "moved out, %llu moved back, %llu refused (copied instead)\n",
+               (unsigned long long)ps.moves_out, (unsigned long long)ps.moves_in,
+               (unsigned long long)ps.move_fallbacks);
+      write_stderr(msg);
+    }
     snprintf(msg, sizeof msg,
              "farmem: stats: prefetch: %llu issued, %llu used, %llu unused; zero-fill "
              "fault-around: %llu blocks; faults that waited: %llu; served from another "

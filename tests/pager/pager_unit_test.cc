@@ -603,7 +603,7 @@ TEST(UffdTest, PermissionErrorNamesTheFixes) {
 }
 
 TEST(PagerConfigTest, UffdMoveModeFromEnv) {
-  EXPECT_EQ(PagerConfig{}.uffd_move, UffdMoveMode::kOff);  // measured slower: see pager.h
+  EXPECT_EQ(PagerConfig{}.uffd_move, UffdMoveMode::kAuto);  // on where present: see config.h
   const std::pair<const char*, UffdMoveMode> cases[] = {
       {"auto", UffdMoveMode::kAuto}, {"on", UffdMoveMode::kOn}, {"off", UffdMoveMode::kOff}};
   for (const auto& [text, mode] : cases) {
