@@ -785,20 +785,36 @@ size_t Pager<B>::demote_batch(size_t max, size_t* dropped) {
     n_drop += drop[i] ? 1 : 0;
   }
   // Moved blocks are done: the move took the page out of the region
-  // atomically. Only dirty blocks move: one ioctl and one TLB flush each,
-  // where the copy path pays a write-protect (its own flush), the copy and
-  // a share of the batched drop. A clean block is write-protected already,
-  // so its copy costs no flush of its own (a share of the drop's), and a
-  // move would add one per block. The rest (or all, without UFFDIO_MOVE)
-  // are copied.
+  // atomically. Only a dirty block with no dirty neighbour in the batch
+  // moves: one ioctl and one TLB flush, where the copy path pays a
+  // write-protect of its own (a flush), the copy and a share of the batched
+  // drop. Dirty blocks in a run of adjacent ones share one write-protect
+  // (one flush for the run) and one drop, which costs less than a flush per
+  // block (GNU sort at 70%, moving every dirty block: ~7% slower than the
+  // copy path, five pairs). A clean block is write-protected already, so its
+  // copy costs no flush of its own either. The rest (or all, without
+  // UFFDIO_MOVE) are copied.
   // A moved block's bytes are in its slot as a copied one's are: a dirty
   // block never written since a zero fill maps it goes back to Empty the
   // same way (clean_if_zero()), with no WRITE.
   bool moved[kMaxBatch] = {};
-  for (size_t i = 0; use_move_ && i < n; ++i) {
-    moved[i] =
-        !drop[i] && empty[i] && (words[i] & PageTable::kDirty) && move_out(blocks[i], slots[i]);
-    if (moved[i]) words[i] = clean_if_zero(blocks[i], slots[i], words[i]);
+  if (use_move_) {
+    uint32_t dirty_sorted[kMaxBatch];
+    size_t nds = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (words[i] & PageTable::kDirty) dirty_sorted[nds++] = blocks[i];
+    }
+    std::sort(dirty_sorted, dirty_sorted + nds);
+    auto dirty_in_batch = [&](uint32_t b) {
+      return std::binary_search(dirty_sorted, dirty_sorted + nds, b);
+    };
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t b = blocks[i];
+      if (drop[i] || !empty[i] || !(words[i] & PageTable::kDirty)) continue;
+      if ((b > 0 && dirty_in_batch(b - 1)) || dirty_in_batch(b + 1)) continue;
+      moved[i] = move_out(b, slots[i]);
+      if (moved[i]) words[i] = clean_if_zero(b, slots[i], words[i]);
+    }
   }
   // Writes from now on fault and wait for this demotion (invariant 4).
   // Clean blocks are write-protected already; the dirty ones are
