@@ -784,63 +784,49 @@ size_t Pager<B>::demote_batch(size_t max, size_t* dropped) {
               pt_.remote(blocks[i]) != 0;
     n_drop += drop[i] ? 1 : 0;
   }
-  // Moved blocks are done: the move took the page out of the region
-  // atomically. Only a dirty block with no dirty neighbour in the batch
-  // moves: one ioctl and one TLB flush, where the copy path pays a
-  // write-protect of its own (a flush), the copy and a share of the batched
-  // drop. Dirty blocks in a run of adjacent ones share one write-protect
-  // (one flush for the run) and one drop, which costs less than a flush per
-  // block (GNU sort at 70%, moving every dirty block: ~7% slower than the
-  // copy path, five pairs). A clean block is write-protected already, so its
-  // copy costs no flush of its own either. The rest (or all, without
-  // UFFDIO_MOVE) are copied.
-  // A moved block's bytes are in its slot as a copied one's are: a dirty
-  // block never written since a zero fill maps it goes back to Empty the
-  // same way (clean_if_zero()), with no WRITE.
+  // The dirty blocks by address (their batch indexes), taken one run of
+  // adjacent blocks at a time. Writes from now on fault and wait for this
+  // demotion (invariant 4). Clean blocks are write-protected already; a run
+  // of dirty ones is write-protected by one UFFDIO_WRITEPROTECT: each call
+  // is a TLB flush, and on this machine (a paravirtualised guest) a flush
+  // costs ~20-30 us per page up to 33 pages and the same as one page beyond
+  // that (the kernel's full-flush ceiling), so a run of 64 costs what one
+  // block did (see "Eviction batching" above).
+  // With UFFDIO_MOVE a run of one block (no dirty neighbour in the batch)
+  // moves to its empty slot instead, and is done: one ioctl and one flush,
+  // atomic, where the copy path pays a write-protect of its own, the copy
+  // and a share of the batched drop. A longer run shares one write-protect
+  // and one drop, which costs less than a flush per block (GNU sort at 70%,
+  // moving every dirty block: ~7% slower than the copy path, five pairs);
+  // a clean block's copy needs no flush of its own either. A moved block's
+  // bytes are in its slot as a copied one's are: one never written since a
+  // zero fill mapped it goes back to Empty the same way (clean_if_zero()),
+  // with no WRITE. The rest (or all, without UFFDIO_MOVE) are copied below.
   bool moved[kMaxBatch] = {};
-  if (use_move_) {
-    uint32_t dirty_sorted[kMaxBatch];
-    size_t nds = 0;
-    for (size_t i = 0; i < n; ++i) {
-      if (words[i] & PageTable::kDirty) dirty_sorted[nds++] = blocks[i];
-    }
-    std::sort(dirty_sorted, dirty_sorted + nds);
-    auto dirty_in_batch = [&](uint32_t b) {
-      return std::binary_search(dirty_sorted, dirty_sorted + nds, b);
-    };
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t b = blocks[i];
-      if (drop[i] || !empty[i] || !(words[i] & PageTable::kDirty)) continue;
-      if ((b > 0 && dirty_in_batch(b - 1)) || dirty_in_batch(b + 1)) continue;
-      moved[i] = move_out(b, slots[i]);
-      if (moved[i]) words[i] = clean_if_zero(b, slots[i], words[i]);
-    }
-  }
-  // Writes from now on fault and wait for this demotion (invariant 4).
-  // Clean blocks are write-protected already; the dirty ones are
-  // write-protected one UFFDIO_WRITEPROTECT per run of adjacent blocks:
-  // each call is a TLB flush, and on this machine (a paravirtualised
-  // guest) a flush costs ~20-30 us per page up to 33 pages and the same
-  // as one page beyond that (the kernel's full-flush ceiling), so a run
-  // of 64 costs what one block did (see "Eviction batching" above).
   uint32_t dirty[kMaxBatch];
   size_t nd = 0;
   for (size_t i = 0; i < n; ++i) {
-    if (!moved[i] && (words[i] & PageTable::kDirty)) dirty[nd++] = blocks[i];
+    if (words[i] & PageTable::kDirty) dirty[nd++] = static_cast<uint32_t>(i);
   }
-  std::sort(dirty, dirty + nd);
+  std::sort(dirty, dirty + nd, [&](uint32_t x, uint32_t y) { return blocks[x] < blocks[y]; });
   for (size_t i = 0; i < nd;) {
     size_t j = i + 1;
-    while (j < nd && dirty[j] == dirty[j - 1] + 1) ++j;
+    while (j < nd && blocks[dirty[j]] == blocks[dirty[j - 1]] + 1) ++j;
+    const uint32_t k = dirty[i], b = blocks[k];
+    if (j == i + 1 && use_move_ && empty[k] && move_out(b, slots[k])) {
+      moved[k] = true;
+      words[k] = clean_if_zero(b, slots[k], words[k]);
+      i = j;
+      continue;
+    }
     int err = 0;
     const uint64_t t0 = pager_detail::now_ns();
-    const Errc wpe =
-        uffd_.write_protect(block_addr(dirty[i]), (j - i) * uint64_t{block_}, true, &err);
+    const Errc wpe = uffd_.write_protect(block_addr(b), (j - i) * uint64_t{block_}, true, &err);
     wp_ns_.fetch_add(pager_detail::now_ns() - t0, std::memory_order_relaxed);
     wp_calls_.fetch_add(1, std::memory_order_relaxed);
     if (wpe != Errc::kOk) {
       fatal("pager: write-protecting %zu blocks at %p for eviction failed: %s", j - i,
-            static_cast<void*>(block_addr(dirty[i])), strerror(err));
+            static_cast<void*>(block_addr(b)), strerror(err));
     }
     evict_wp_calls_.fetch_add(1, std::memory_order_relaxed);
     i = j;
