@@ -634,7 +634,8 @@ typename Pager<B>::Outcome Pager<B>::handle_fault(Handler& h, uint64_t addr, uin
         }
         uint32_t first = b;
         bool continued = false;
-        const uint32_t extra = zero_around_max_ > 0 ? zero_around_claim(b, &first, &continued) : 0;
+        const uint32_t extra =
+            zero_around_max_ > 0 ? zero_around_claim(b, &first, &continued, true, write) : 0;
         counters_.bump(counters_.faults_zero);  // before the wake, as above
         if (extra > 0) {
           counters_.bump(counters_.zero_around, extra);

@@ -444,8 +444,11 @@ class Pager {
   // budget reserved); returns how many it took (0 .. window) and sets
   // *first to the lowest block of the run: b ascending, b - taken descending.
   // *continued: b continued a stream (false: a new stream starts at b).
-  // take_room: take budget for them (false: they will map the zero page).
-  uint32_t zero_around_claim(uint32_t b, uint32_t* first, bool* continued, bool take_room = true);
+  // take_room: take budget for them (false: they will map the zero page):
+  // the headroom below the high watermark, or for a write fault that
+  // continues a stream (write) the budget's last blocks too.
+  uint32_t zero_around_claim(uint32_t b, uint32_t* first, bool* continued, bool take_room = true,
+                             bool write = false);
   // Maps [first, first + n) (all owned, Fetching; n >= 2) as zeros; b, the
   // faulting block, is first or first + n - 1; b writable and dirty for a
   // write fault, the others as config.zero_around_writable says.

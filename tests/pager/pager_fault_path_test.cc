@@ -272,7 +272,7 @@ TEST(PagerFaultPath, DescendingRunStopsAtWrittenBlocks) {
   EXPECT_EQ(first_bad_page(mem, 1024, 0), 1024u);
 }
 
-// Fault-around never takes the budget's last blocks: a sequential write of
+// Fault-around never takes more than the budget: a sequential write of
 // four times the budget (eviction all along) from 1, 2 and 8 threads keeps
 // the peak within the budget, and every byte comes back.
 TEST(PagerFaultPath, FaultAroundStaysWithinBudget) {
@@ -296,6 +296,31 @@ TEST(PagerFaultPath, FaultAroundStaysWithinBudget) {
     EXPECT_EQ(s.faults_wp, 0u) << s.to_string();
     EXPECT_GT(s.zero_around, 0u) << s.to_string();
   }
+}
+
+// A write stream at a full budget still maps runs: the budget is filled,
+// then 4 budgets more are written first-touch in one ascending stream, so
+// that every run needs the budget's last blocks (resident sits above the
+// high watermark all along). Faults stay about one per run rather than one
+// per block or two (the headroom rule alone: ~1 per 2 blocks here), the
+// peak within the budget, and every byte comes back.
+TEST(PagerFaultPath, AWriteStreamAtAFullBudgetMapsRuns) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  constexpr size_t kBudget = 256, kStream = 4 * kBudget;
+  LoopbackRig rig;
+  P& p = rig.start(fault_path_config(kBudget, 8192));
+  auto* mem = static_cast<uint8_t*>(p.base());
+  write_seq(mem, 0, kBudget);
+  const PagerStats before = p.stats();
+  write_seq(mem, 2 * kBudget, kStream);
+  const PagerStats s = p.stats();
+  const uint64_t zero_faults = s.faults_zero - before.faults_zero;
+  EXPECT_LE(zero_faults, kStream / 8) << s.to_string();
+  EXPECT_GE(zero_faults + s.zero_around - before.zero_around, kStream) << s.to_string();
+  EXPECT_GT(s.evictions_dirty, kStream / 2) << s.to_string();
+  EXPECT_LE(s.resident_peak_bytes, s.budget_bytes) << s.to_string();
+  EXPECT_EQ(first_bad_page(mem, kBudget, 0), kBudget);
+  EXPECT_EQ(first_bad_page(mem, 2 * kBudget + kStream, 0, 2 * kBudget), 2 * kBudget + kStream);
 }
 
 // Each handler thread counts its own demand READs (HandlerCounters) and
