@@ -51,16 +51,17 @@
 // (cache-hot, same machine), only for dirty blocks never written back.
 //
 // Write streams at a full budget. A program paging hard sits at its
-// budget, above the high watermark, so the headroom rule left every run
-// one block wide there: GNU sort -S 1G of 3M lines at its 70% budget
-// (191328256 B) filled its buffer with ~22.5k zero faults, ~2 blocks each,
-// a handler round trip per 8 KiB. A write fault that continues a stream is
-// no guess: the thread is writing its way through those blocks, and each
-// would fault and take the same room a moment later. So such a run may
-// take the budget's last blocks too (resident_ never passes the budget;
-// it kicks the evictor as reserve() would, and a demand fault that then
-// finds no room waits for the evictor as always). Read streams and chunks
-// stay below the high watermark. Measured (same binary with and without,
+// budget, above the high watermark, so the headroom rule cut runs short
+// there: GNU sort -S 1G of 3M lines at its 70% budget (191328256 B) filled
+// its buffer and line table with ~22.5k zero faults of ~3 blocks each (the
+// faulting block and ~2 mapped ahead), a handler round trip per 12 KiB.
+// A write fault that continues a stream is no guess: the thread is writing
+// its way through those blocks, and each would fault and take the same
+// room a moment later. So such a run may take the budget's last blocks
+// too (resident_ never passes the budget; it kicks the evictor as
+// reserve() would, and a demand fault that then finds no room waits for
+// the evictor as always). Read streams and chunks stay below the high
+// watermark. Measured (same binary with and without,
 // interleaved, four pairs, one-sided to farmemd on 127.0.0.1): sort's zero
 // faults 22.1-23.1k -> 5.0-5.1k, zero_around 44-45k -> 62k blocks, wall
 // 3.73 / 3.07, 3.27 / 3.08, 3.42 / 3.14, 2.87 / 2.82 s (a slow hour of
