@@ -61,11 +61,11 @@
 // too (resident_ never passes the budget; it kicks the evictor as
 // reserve() would, and a demand fault that then finds no room waits for
 // the evictor as always). Read streams and chunks stay below the high
-// watermark. Measured (same binary with and without,
-// interleaved, four pairs, one-sided to farmemd on 127.0.0.1): sort's zero
-// faults 22.1-23.1k -> 5.0-5.1k, zero_around 44-45k -> 62k blocks, wall
-// 3.73 / 3.07, 3.27 / 3.08, 3.42 / 3.14, 2.87 / 2.82 s (a slow hour of
-// this VM). PagerFaultPath.AWriteStreamAtAFullBudgetMapsRuns.
+// watermark. Measured (same binary with and without, interleaved, four
+// pairs, one-sided to farmemd on 127.0.0.1): sort's zero faults
+// 22.1-23.1k -> 5.0-5.1k, zero_around 44-45k -> 62k blocks, wall 3.73 /
+// 3.07, 3.27 / 3.08, 3.42 / 3.14, 2.87 / 2.82 s (a slow hour of this VM).
+// PagerFaultPath.AWriteStreamAtAFullBudgetMapsRuns.
 //
 // Zero-fill chunks (config.zero_chunk, FARMEM_ZERO_CHUNK, default 32
 // blocks; zero_chunk_fill()): sort's first touches are scattered over its

