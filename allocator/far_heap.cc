@@ -1,5 +1,6 @@
 #include "allocator/far_heap.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -114,13 +115,65 @@ void* FarHeap::alloc_aligned(size_t alignment, size_t size, bool zero) noexcept 
 }
 
 void* FarHeap::realloc(void* ptr, size_t size) noexcept {
+  const size_t old = farmem_je_sallocx(ptr, 0);
+  void* p = nullptr;
+  if (size > old && old >= kMoveMin) {
+    p = grow_large(ptr, old, size);
+  } else {
+    p = farmem_je_rallocx(ptr, size == 0 ? 1 : size, flags_for(size));
+  }
   // Growth: the new tail is what may be fresh (a block that moved had its
-  // old bytes copied by jemalloc, which took their faults).
-  const size_t old = opts_.populate_max != 0 ? farmem_je_sallocx(ptr, 0) : 0;
-  void* p = farmem_je_rallocx(ptr, size == 0 ? 1 : size, flags_for(size));
+  // old bytes copied, which took their faults).
   if (p != nullptr && size > old) populate(static_cast<char*>(p) + old, size - old);
   check_pressure();
   return p;
+}
+
+// A large buffer that grows by realloc (a vector doubling: sqlite's sorter
+// went 64 KiB -> 32 MiB twice in bench/eval's sqlite-mem) is where glibc moves
+// pages with mremap: its old copy never sits next to the new one, and no
+// page of it stays behind. jemalloc's rallocx copies and frees: for a
+// moment both copies are resident, and the freed one stays resident
+// (dirty) until budget pressure purges it, where the evictor may already
+// have written live data back to make room. So: grow in place when the
+// next pages are free; else copy a chunk at a time and drop each chunk of
+// the old copy as soon as it is copied (it reads as zeros then: realloc
+// has made it garbage anyway), so that residency never rises by more than
+// a chunk and the old copy costs no budget once the call returns.
+void* FarHeap::grow_large(void* ptr, size_t old, size_t size) noexcept {
+  const int flags = flags_for(size);
+  if (farmem_je_xallocx(ptr, size, 0, flags) >= size) return ptr;
+  void* q = farmem_je_mallocx(size, flags);
+  if (q == nullptr) return nullptr;
+  auto* dst = static_cast<char*>(q);
+  auto* src = static_cast<char*>(ptr);
+  const uintptr_t bs = backing_->block_size();
+  // Only whole blocks of the old copy can be dropped (offsets from the
+  // region's base): a large allocation is page-aligned, but a block larger
+  // than a page may hold a neighbour too.
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(src) - base_;
+  const uintptr_t drop_hi = (lo + old) / bs * bs;
+  uintptr_t dropped = (lo + bs - 1) / bs * bs;
+  for (size_t off = 0; off < old;) {
+    const size_t n = old - off < kMoveChunk ? old - off : kMoveChunk;
+    // Every byte of the chunk is written next: mapping its never-written
+    // blocks as zeros first is no guess (within the headroom, as always).
+    if (opts_.populate_max != 0) {
+      const size_t got = backing_->populate_zero(dst + off, n);
+      if (got != 0) populated_.fetch_add(got, std::memory_order_relaxed);
+    }
+    std::memcpy(dst + off, src + off, n);
+    off += n;
+    const uintptr_t to = std::min<uintptr_t>(drop_hi, (lo + off) / bs * bs);
+    if (to > dropped) {
+      // A failure (a fork()ed child's inert backing) keeps the pages, as
+      // jemalloc's purge does: the free below then leaves them dirty.
+      (void)backing_->discard(reinterpret_cast<void*>(base_ + dropped), to - dropped);
+      dropped = to;
+    }
+  }
+  free_raw(ptr);
+  return q;
 }
 
 void FarHeap::free_raw(void* ptr) noexcept {

@@ -128,6 +128,11 @@ class FarHeap {
   FarHeap(FarBacking* b, const FarHeapOptions& o);
   Status init();
   void* alloc_raw(size_t size) noexcept;
+  // realloc() of a large allocation to a larger size (see far_heap.cc): in
+  // place, or copied kMoveChunk at a time with the old copy dropped behind.
+  static constexpr size_t kMoveMin = 256 << 10;
+  static constexpr size_t kMoveChunk = 1 << 20;
+  void* grow_large(void* ptr, size_t old, size_t size) noexcept;
   // flags_, plus page alignment for a large allocation (see far_heap.cc).
   int flags_for(size_t size) const noexcept;
   void free_raw(void* ptr) noexcept;

@@ -18,6 +18,7 @@ extern "C" {
 void* farmem_je_mallocx(size_t size, int flags);
 void* farmem_je_rallocx(void* ptr, size_t size, int flags);
 size_t farmem_je_sallocx(const void* ptr, int flags);
+size_t farmem_je_xallocx(void* ptr, size_t size, size_t extra, int flags);
 void farmem_je_dallocx(void* ptr, int flags);
 size_t farmem_je_nallocx(size_t size, int flags);
 int farmem_je_mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen);

@@ -178,6 +178,100 @@ TEST(FarHeap, ReallocAlignedAndUsableSize) {
   EXPECT_EQ(r.heap->alloc(1ull << 40), nullptr) << "larger than the region: nullptr, no throw";
 }
 
+// A buffer that grows by realloc (a vector doubling, as sqlite's sorter
+// does) leaves no old copy resident: each chunk of it is dropped as soon as
+// it is copied (FarHeap::grow_large), where jemalloc's rallocx kept the old
+// copy next to the new one and then, freed but unpurged, resident.
+TEST(FarHeap, GrowingReallocLeavesNoOldCopyResident) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  Rig r(96 << 20, -1);  // decay off: a freed page would stay resident
+  size_t size = 512 << 10;
+  auto* p = static_cast<uint8_t*>(r.heap->alloc(size));
+  ASSERT_NE(p, nullptr);
+  for (size_t i = 0; i < size; ++i) p[i] = pattern(2, i);
+  int moved = 0;
+  while (size < (16u << 20)) {
+    const size_t next = size * 2;
+    auto* q = static_cast<uint8_t*>(r.heap->realloc(p, next));
+    ASSERT_NE(q, nullptr);
+    moved += q != p;
+    for (size_t i = 0; i < size; ++i) ASSERT_EQ(q[i], pattern(2, i)) << next << " byte " << i;
+    for (size_t i = size; i < next; ++i) q[i] = pattern(2, i);
+    p = q;
+    size = next;
+    // The live buffer, and a chunk of fault-around slack; the old copies
+    // (8 + 4 + 2 + 1 + 0.5 MiB by 16 MiB) would add up to twice as much.
+    EXPECT_LE(r.pager->resident_bytes(), size + (1u << 20)) << "at " << size;
+  }
+  EXPECT_GT(moved, 0) << "no step copied: the test did not exercise the copy";
+  // At no moment were two copies resident: at most the last copy's target,
+  // its source's last chunk and the slack.
+  EXPECT_LE(r.pager->stats().resident_peak_bytes, size + (2u << 20));
+  r.heap->free(p);
+}
+
+// The same chain through a budget a quarter of its size: the copy reads
+// evicted blocks back and its target is evicted in turn, byte-exact.
+TEST(FarHeap, GrowingReallocByteExactUnderEviction) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  Rig r(4 << 20, 1000, 0.75);
+  size_t size = 1 << 20;
+  auto* p = static_cast<uint8_t*>(r.heap->alloc(size));
+  ASSERT_NE(p, nullptr);
+  for (size_t i = 0; i < size; ++i) p[i] = pattern(3, i);
+  while (size < (16u << 20)) {
+    const size_t next = size * 2;
+    auto* q = static_cast<uint8_t*>(r.heap->realloc(p, next));
+    ASSERT_NE(q, nullptr);
+    for (size_t i = size; i < next; ++i) q[i] = pattern(3, i);
+    p = q;
+    size = next;
+  }
+  for (size_t i = 0; i < size; ++i) ASSERT_EQ(p[i], pattern(3, i)) << "byte " << i;
+  PagerStats s = r.pager->stats();
+  EXPECT_GT(s.faults_remote, 0u);
+  EXPECT_LE(s.resident_peak_bytes, 4u << 20);
+  r.heap->free(p);
+}
+
+// With blocks larger than a page, a large allocation may share its first
+// and last blocks with neighbours: those are copied but never dropped.
+TEST(FarHeap, GrowingReallocSparesNeighboursInSharedBlocks) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  PagerConfig c = Rig::pager_config(32 << 20);
+  c.block_size = 64 << 10;
+  FarHeapOptions o = Rig::heap_options(-1, 0);
+  Rig r(c, o);
+  std::vector<uint8_t*> others;
+  size_t size = 300 << 10;  // not a multiple of the block
+  auto* p = static_cast<uint8_t*>(r.heap->alloc(size));
+  ASSERT_NE(p, nullptr);
+  for (size_t i = 0; i < size; ++i) p[i] = pattern(4, i);
+  constexpr size_t kOther = 20 << 10;  // large (page-granular), under a block
+  for (int step = 0; step < 6; ++step) {
+    for (int k = 0; k < 8; ++k) {  // neighbours on both sides of each copy
+      auto* x = static_cast<uint8_t*>(r.heap->alloc(kOther));
+      ASSERT_NE(x, nullptr);
+      for (size_t i = 0; i < kOther; ++i) x[i] = pattern(100 + others.size(), i);
+      others.push_back(x);
+    }
+    const size_t next = size * 2 + (12 << 10);
+    auto* q = static_cast<uint8_t*>(r.heap->realloc(p, next));
+    ASSERT_NE(q, nullptr);
+    for (size_t i = 0; i < size; ++i) ASSERT_EQ(q[i], pattern(4, i)) << next << " byte " << i;
+    for (size_t i = size; i < next; ++i) q[i] = pattern(4, i);
+    p = q;
+    size = next;
+    for (size_t o2 = 0; o2 < others.size(); ++o2) {
+      for (size_t i = 0; i < kOther; ++i) {
+        ASSERT_EQ(others[o2][i], pattern(100 + o2, i)) << "neighbour " << o2 << " byte " << i;
+      }
+    }
+  }
+  for (uint8_t* x : others) r.heap->free(x);
+  r.heap->free(p);
+}
+
 TEST(FarHeap, ThreadsAllocateConcurrently) {
   FARMEM_SKIP_WITHOUT_UFFD();
   Rig r(8 << 20, 100);
