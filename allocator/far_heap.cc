@@ -49,6 +49,32 @@ Status FarHeap::init() {
   have_arena_ = true;
   flags_ = MALLOCX_ARENA(arena_) | (opts_.thread_cache ? 0 : MALLOCX_TCACHE_NONE);
   free_flags_ = opts_.thread_cache ? 0 : MALLOCX_TCACHE_NONE;
+  if (opts_.fine_classes) {
+    FinePool::SlabSource src;
+    src.alloc = [](void* ctx) -> void* {
+      auto* h = static_cast<FarHeap*>(ctx);
+      return farmem_je_mallocx(FinePool::kSlab, h->flags_ | MALLOCX_ALIGN(FinePool::kSlab));
+    };
+    src.free = [](void* ctx, void* slab) {
+      farmem_je_dallocx(slab, static_cast<FarHeap*>(ctx)->free_flags_);
+    };
+    src.rounds_to = [](void* ctx, size_t n) {
+      return farmem_je_nallocx(n, static_cast<FarHeap*>(ctx)->flags_);
+    };
+    src.pressured = [](void* ctx) {
+      auto* h = static_cast<FarHeap*>(ctx);
+      // No budget to guard (purge_at 0): freed slots go as jemalloc's
+      // pages do, by its decay, which never reaches them; keep them.
+      return h->pressure_hi_ != 0 && h->pressured_.load(std::memory_order_relaxed);
+    };
+    src.drop = [](void* ctx, void* addr, size_t len) {
+      (void)static_cast<FarHeap*>(ctx)->backing_->discard(addr, len);
+    };
+    src.unit = backing_->block_size();
+    src.ctx = this;
+    fine_ = std::make_unique<FinePool>(base_, size_, src);
+    if (!fine_->ok()) fine_.reset();
+  }
   char name[64];
   const uint64_t budget = backing_->budget_bytes();
   if (opts_.purge_at > 0 && opts_.purge_at <= 1 && budget > 0) {
@@ -73,6 +99,7 @@ Status FarHeap::init() {
 FarHeap::~FarHeap() {
   if (!have_arena_) return;
   LocalScope local;
+  fine_.reset();         // its slabs go with the arena
   flush_thread_cache();  // thread_cache: cached objects of the arena go back first
   char name[64];
   snprintf(name, sizeof name, "arena.%u.destroy", arena_);
@@ -95,17 +122,33 @@ int FarHeap::flags_for(size_t size) const noexcept {
 }
 
 void* FarHeap::alloc_raw(size_t size) noexcept {
+  if (fine_ != nullptr) {
+    const int c = fine_->class_of(size);
+    if (c >= 0) {
+      if (void* p = fine_->alloc(c)) return p;
+    }
+  }
   return farmem_je_mallocx(size == 0 ? 1 : size, flags_for(size));
 }
 
 void* FarHeap::alloc_zeroed(size_t size) noexcept {
-  void* p = farmem_je_mallocx(size == 0 ? 1 : size, flags_for(size) | MALLOCX_ZERO);
+  void* p = nullptr;
+  const int c = fine_ != nullptr ? fine_->class_of(size) : -1;
+  if (c >= 0 && (p = fine_->alloc(c)) != nullptr) {
+    std::memset(p, 0, size);  // a slot may be reused
+  } else {
+    p = farmem_je_mallocx(size == 0 ? 1 : size, flags_for(size) | MALLOCX_ZERO);
+  }
   populate(p, size);
   check_pressure();
   return p;
 }
 
 void* FarHeap::alloc_aligned(size_t alignment, size_t size, bool zero) noexcept {
+  // Fine slots are 16-byte aligned (their sizes are multiples of 16).
+  if (alignment <= 16 && fine_ != nullptr && fine_->class_of(size) >= 0) {
+    return zero ? alloc_zeroed(size) : alloc(size);
+  }
   if (size >= kLargeMin && alignment < 4096) alignment = 4096;  // see flags_for()
   void* p = farmem_je_mallocx(size == 0 ? 1 : size,
                               flags_ | MALLOCX_ALIGN(alignment) | (zero ? MALLOCX_ZERO : 0));
@@ -115,9 +158,19 @@ void* FarHeap::alloc_aligned(size_t alignment, size_t size, bool zero) noexcept 
 }
 
 void* FarHeap::realloc(void* ptr, size_t size) noexcept {
-  const size_t old = farmem_je_sallocx(ptr, 0);
+  const bool fine = is_fine(ptr);
+  const size_t old = fine ? fine_->usable_size(ptr) : farmem_je_sallocx(ptr, 0);
   void* p = nullptr;
-  if (size > old && old >= kMoveMin) {
+  const int to_class = fine_ != nullptr ? fine_->class_of(size) : -1;
+  if (fine || to_class >= 0) {
+    // Into or out of a fine class (or between two): a new object and a copy,
+    // unless the slot already has the size's class.
+    if (fine && to_class >= 0 && FinePool::class_size(to_class) == old) return ptr;
+    p = alloc_raw(size);
+    if (p == nullptr) return nullptr;
+    std::memcpy(p, ptr, old < size ? old : size);
+    free_raw(ptr);
+  } else if (size > old && old >= kMoveMin) {
     p = grow_large(ptr, old, size);
   } else {
     p = farmem_je_rallocx(ptr, size == 0 ? 1 : size, flags_for(size));
@@ -177,6 +230,10 @@ void* FarHeap::grow_large(void* ptr, size_t old, size_t size) noexcept {
 }
 
 void FarHeap::free_raw(void* ptr) noexcept {
+  if (is_fine(ptr)) {
+    fine_->free(ptr);
+    return;
+  }
   farmem_je_dallocx(ptr, free_flags_);
 }
 
@@ -206,14 +263,17 @@ void FarHeap::set_pressure(bool on) noexcept {
   pressure_purges_.fetch_add(1, std::memory_order_relaxed);
   snprintf(name, sizeof name, "arena.%u.purge", arena_);
   (void)farmem_je_mallctl(name, nullptr, nullptr, nullptr, 0);
+  if (fine_ != nullptr) fine_->purge();  // and the free slots' pages
 }
 
 size_t FarHeap::usable_size(const void* ptr) const noexcept {
+  if (is_fine(ptr)) return fine_->usable_size(ptr);
   return farmem_je_sallocx(ptr, 0);
 }
 
 void FarHeap::purge() noexcept {
   LocalScope local;
+  if (fine_ != nullptr) fine_->purge();
   char name[64];
   snprintf(name, sizeof name, "arena.%u.purge", arena_);
   (void)farmem_je_mallctl(name, nullptr, nullptr, nullptr, 0);
@@ -249,6 +309,12 @@ FarHeap::Stats FarHeap::stats() const {
   s.pressure_purges = pressure_purges_.load(std::memory_order_relaxed);
   s.populated_blocks = populated_.load(std::memory_order_relaxed);
   s.under_pressure = pressured_.load(std::memory_order_relaxed);
+  if (fine_ != nullptr) {
+    // jemalloc sees each slab as one allocation: count its objects instead.
+    s.fine = fine_->stats();
+    const uint64_t slab_bytes = s.fine.slabs * FinePool::kSlab;
+    s.allocated = (s.allocated > slab_bytes ? s.allocated - slab_bytes : 0) + s.fine.live_bytes;
+  }
   return s;
 }
 

@@ -58,6 +58,7 @@
 
 #include "allocator/extent_space.h"
 #include "allocator/far_backing.h"
+#include "allocator/fine_pool.h"
 #include "runtime/status.h"
 
 namespace farmem {
@@ -74,6 +75,8 @@ struct FarHeapOptions {
   size_t populate_max = 0;
   // Use jemalloc's per-thread caches (see above); false: MALLOCX_TCACHE_NONE.
   bool thread_cache = false;
+  // Objects of 513 B to 14 KiB in finer size classes (allocator/fine_pool.h).
+  bool fine_classes = false;
 };
 
 class FarHeap {
@@ -115,6 +118,7 @@ class FarHeap {
     uint64_t pressure_purges = 0;   // times purge_at was reached (everything freed purged)
     uint64_t populated_blocks = 0;  // blocks mapped as zeros at allocation time (populate_max)
     bool under_pressure = false;    // dirty_decay_ms applies now
+    FinePool::Stats fine;           // the finer size classes (fine_classes)
   };
   Stats stats() const;  // control path: refreshes jemalloc's statistics epoch
   // Purges every unused dirty page now (tests, fm_evict of free space).
@@ -128,6 +132,7 @@ class FarHeap {
   FarHeap(FarBacking* b, const FarHeapOptions& o);
   Status init();
   void* alloc_raw(size_t size) noexcept;
+  bool is_fine(const void* p) const noexcept { return fine_ != nullptr && fine_->owns(p); }
   // realloc() of a large allocation to a larger size (see far_heap.cc): in
   // place, or copied kMoveChunk at a time with the old copy dropped behind.
   static constexpr size_t kMoveMin = 256 << 10;
@@ -160,6 +165,7 @@ class FarHeap {
   const uintptr_t base_;
   const size_t size_;
   std::unique_ptr<ExtentSpace> space_;
+  std::unique_ptr<FinePool> fine_;  // fine_classes only
   unsigned arena_ = 0;
   bool have_arena_ = false;
   int flags_ = 0;             // MALLOCX_ARENA [| MALLOCX_TCACHE_NONE]

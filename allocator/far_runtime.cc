@@ -65,6 +65,7 @@ FarHeapOptions heap_options(const FarOptions& o) {
   ho.purge_at = o.decay_ms == 0 ? 0.0 : o.purge_at_percent / 100.0;
   ho.populate_max = o.populate_max;
   ho.thread_cache = o.thread_cache;
+  ho.fine_classes = o.fine_classes;
   return ho;
 }
 

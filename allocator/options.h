@@ -43,6 +43,9 @@ struct FarOptions {
   // Bytes of each far allocation mapped as zeros when it is made, where
   // never written (FARMEM_POPULATE_MAX; FarHeapOptions::populate_max); 0: off.
   uint64_t populate_max = 256 << 10;
+  // Finer size classes for objects of 513 B to 14 KiB (FARMEM_FINE_CLASSES;
+  // allocator/fine_pool.h).
+  bool fine_classes = true;
   int connect_timeout_ms = 3000;
   // Use jemalloc's thread caches on the far arena (FarHeapOptions::
   // thread_cache: correct only for the one heap of a process that is never
