@@ -159,9 +159,16 @@ void* FarHeap::alloc_aligned(size_t alignment, size_t size, bool zero) noexcept 
 
 void* FarHeap::realloc(void* ptr, size_t size) noexcept {
   const bool fine = is_fine(ptr);
-  const size_t old = fine ? fine_->usable_size(ptr) : farmem_je_sallocx(ptr, 0);
-  void* p = nullptr;
   const int to_class = fine_ != nullptr ? fine_->class_of(size) : -1;
+  void* p = nullptr;
+  if (!fine && to_class < 0 && size < kPopulateMin) {
+    // The common case (a string growing by a few bytes): jemalloc's to
+    // jemalloc's, nothing to populate, no large copy (old is not needed).
+    p = farmem_je_rallocx(ptr, size == 0 ? 1 : size, flags_for(size));
+    check_pressure();
+    return p;
+  }
+  const size_t old = fine ? fine_->usable_size(ptr) : farmem_je_sallocx(ptr, 0);
   if (fine || to_class >= 0) {
     // Into or out of a fine class (or between two): a new object and a copy,
     // unless the slot already has the size's class.
