@@ -1,5 +1,6 @@
 #include "allocator/fine_pool.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -11,6 +12,29 @@
 #include "runtime/log.h"
 
 namespace farmem {
+
+namespace {
+std::mutex g_pools_mu;        // guards g_pools; held across a fork
+FinePool* g_pools = nullptr;  // live pools, linked through next_pool_
+std::once_flag g_atfork_once;
+}  // namespace
+
+// Every class lock of every pool, in one order, so that no thread is
+// inside a pool (or waits in one for jemalloc) while the process forks.
+void FinePool::prefork() noexcept {
+  g_pools_mu.lock();
+  for (FinePool* p = g_pools; p != nullptr; p = p->next_pool_) {
+    for (Class& k : p->classes_) k.mu.lock();
+  }
+}
+
+// Parent and child alike: the forking thread owns every lock it took.
+void FinePool::postfork() noexcept {
+  for (FinePool* p = g_pools; p != nullptr; p = p->next_pool_) {
+    for (Class& k : p->classes_) k.mu.unlock();
+  }
+  g_pools_mu.unlock();
+}
 
 // Local memory. Slot i is free when bit i of free_map is set.
 struct FinePool::Slab {
@@ -48,10 +72,29 @@ FinePool::FinePool(uintptr_t base, size_t size, const SlabSource& src) : src_(sr
     // still smaller than jemalloc's class for the size.
     use_[c] = kSlab / classes_[c].nslots < src_.rounds_to(src_.ctx, sz);
   }
+  std::call_once(g_atfork_once, [] {
+    if (pthread_atfork(&prefork, &postfork, &postfork) != 0) {
+      FARMEM_LOG(kWarn,
+                 "far heap: pthread_atfork failed: a fork() while another thread "
+                 "allocates may leave the child's fine size classes locked");
+    }
+  });
+  std::lock_guard<std::mutex> lk(g_pools_mu);
+  next_pool_ = g_pools;
+  g_pools = this;
 }
 
 FinePool::~FinePool() {
   LocalScope local;
+  if (table_ != nullptr) {
+    std::lock_guard<std::mutex> lk(g_pools_mu);
+    for (FinePool** p = &g_pools; *p != nullptr; p = &(*p)->next_pool_) {
+      if (*p == this) {
+        *p = next_pool_;
+        break;
+      }
+    }
+  }
   for (Class& k : classes_) {
     for (Slab* s = k.partial; s != nullptr;) {
       Slab* n = s->next;

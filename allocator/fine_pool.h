@@ -27,7 +27,11 @@
 // and reuses it for any size), but one empty slab a class, kMaxKept in all,
 // is kept against a free / malloc ping-pong.
 // One mutex per class; the slow path (a new slab) takes jemalloc's locks
-// under it, never the other way round.
+// under it, never the other way round. fork(): the first pool registers
+// pthread_atfork handlers (after jemalloc has registered its own, so that
+// its prepare handler runs first) that hold every class lock of every live
+// pool across the fork, so that a child never inherits a class half
+// updated or locked by a thread that does not exist there.
 #pragma once
 
 #include <atomic>
@@ -102,6 +106,9 @@ class FinePool {
 
  private:
   struct Slab;
+  static void prefork() noexcept;
+  static void postfork() noexcept;
+  FinePool* next_pool_ = nullptr;  // the live pools (the fork handlers' list)
   struct Class {
     std::mutex mu;
     uint32_t size = 0;

@@ -4,7 +4,11 @@
 #include "allocator/fine_pool.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -255,6 +259,51 @@ TEST(FarHeapFine, ThreadsFreeEachOthersObjects) {
     r.heap->free(p);
   }
   EXPECT_EQ(r.heap->stats().fine.live, 0u);
+}
+
+// fork() while other threads allocate and free in the fine classes: the
+// child allocates and frees in the same classes (no class lock is left
+// held there by a thread that does not exist in it; fails within the
+// child's alarm without the pool's fork handlers).
+TEST(FarHeapFine, ForkWhileThreadsAllocate) {
+  FARMEM_SKIP_WITHOUT_UFFD();
+  Rig r(Rig::pager_config(32 << 20), fine_options(true));
+  if (!r.pager->fork_snapshots()) {
+    GTEST_SKIP() << "no UFFD_FEATURE_EVENT_FORK for this process (CAP_SYS_PTRACE)";
+  }
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 2; ++t) {
+    ts.emplace_back([&] {
+      std::vector<void*> v;
+      while (!stop.load(std::memory_order_relaxed)) {
+        for (int i = 0; i < 64; ++i) v.push_back(r.heap->alloc(1032 + (i % 4) * 1000));
+        for (void* p : v) r.heap->free(p);
+        v.clear();
+      }
+    });
+  }
+  for (int f = 0; f < 40; ++f) {
+    ASSERT_TRUE(r.pager->prepare_fork().ok());
+    const pid_t pid = fork();
+    if (pid == 0) {
+      r.pager->fork_child();
+      alarm(5);
+      for (int i = 0; i < 4; ++i) {
+        void* p = r.heap->alloc(1032 + i * 1000);
+        if (p == nullptr) _exit(2);
+        r.heap->free(p);
+      }
+      _exit(0);
+    }
+    r.pager->fork_parent();
+    ASSERT_GT(pid, 0) << strerror(errno);
+    int st = 0;
+    ASSERT_EQ(waitpid(pid, &st, 0), pid);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "fork " << f << ": status " << st;
+  }
+  stop = true;
+  for (auto& th : ts) th.join();
 }
 
 TEST(FarHeapFineDeath, DoubleFreeAndInteriorFreeAreFatal) {
