@@ -131,6 +131,8 @@ FinePool::Slab* FinePool::new_slab(int c) noexcept {
   Class& k = classes_[c];
   void* mem = src_.alloc(src_.ctx);
   if (mem == nullptr) return nullptr;
+  const uintptr_t at = (reinterpret_cast<uintptr_t>(mem) >> kSlabShift) - first_slab_;
+  FARMEM_BUG_ON(at >= n_slabs_);  // the far arena allocates inside the region only
   Slab* s;
   {
     LocalScope local;
@@ -144,8 +146,7 @@ FinePool::Slab* FinePool::new_slab(int c) noexcept {
   s->cls = static_cast<uint32_t>(c);
   s->nfree = k.nslots;
   for (uint32_t i = 0; i < k.nslots; ++i) s->free_map[i / 64] |= uint64_t{1} << (i % 64);
-  table_[(reinterpret_cast<uintptr_t>(mem) >> kSlabShift) - first_slab_].store(
-      s, std::memory_order_release);
+  table_[at].store(s, std::memory_order_release);
   push(k, s);
   ++k.slabs;
   return s;
