@@ -95,19 +95,10 @@ FinePool::~FinePool() {
       }
     }
   }
-  for (Class& k : classes_) {
-    for (Slab* s = k.partial; s != nullptr;) {
-      Slab* n = s->next;
-      delete s;
-      s = n;
-    }
-  }
-  // Full slabs are on no list: find them through the table.
+  // Every slab, full or not, has its entry in the table (full slabs are on
+  // no list).
   if (table_ == nullptr) return;
-  for (size_t i = 0; i < n_slabs_; ++i) {
-    Slab* s = table_[i].load(std::memory_order_relaxed);
-    if (s != nullptr && s->nfree == 0) delete s;
-  }
+  for (size_t i = 0; i < n_slabs_; ++i) delete table_[i].load(std::memory_order_relaxed);
   munmap(table_, table_bytes_);
 }
 
